@@ -1,0 +1,44 @@
+# DDTree tree-verify for SGLang on sm_120: developer and operator entry points.
+# `make setup` then `make test` take a fresh machine to a passing test suite.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+PYTEST_ARGS ?=
+
+.PHONY: help setup test test-gpu lint fit wheel clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+setup: $(BIN)/.installed  ## create .venv with the dev tools and ddtree_kernels (editable)
+
+$(BIN)/.installed: pyproject.toml kernels/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=25.1"
+	$(PY) -m pip install --quiet --group dev
+	$(PY) -m pip install --quiet --no-deps -e kernels
+	@touch $@
+	@echo "setup done: $(VENV) ($$($(PY) -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'))"
+
+lint: setup  ## ruff
+	$(BIN)/ruff check .
+
+test: setup lint  ## lint + every test that runs without a GPU (pytest exit 5, nothing collected, fails)
+	@$(BIN)/pytest -m "not gpu" -n 2 $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+GPU_PYTHON ?= python3
+test-gpu:  ## on a CUDA machine's own python (torch + triton): every kernel test, realistic sizes included
+	PYTHONPATH=kernels $(GPU_PYTHON) -m pytest tests/kernels -v -p no:cacheprovider $(PYTEST_ARGS)
+
+fit: setup  ## compile every kernel config for sm_120 and sm_90 offline, print the resource table
+	$(PY) -m ddtree_kernels.fit
+
+wheel: setup  ## build the ddtree_kernels wheel into dist/ (what the playbooks install)
+	$(PY) -m pip wheel --quiet --no-deps -w dist kernels
+	@ls dist/*.whl
+
+clean:  ## remove build outputs (keeps .venv)
+	rm -rf dist build kernels/build kernels/*.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,30 @@
+"""Tree-verify attention kernels for MLA models (DDTree speculative decoding).
+
+Public API:
+  tree_verify_attention  standalone call with a compact tree mask
+  sglang_verify_fwd      SGLang's TritonAttnBackend verify hook (returns False to fall back)
+  plan_verify, run_verify, Workspace, reserve_workspace   plan/run split for CUDA graphs
+  reference.tree_verify_reference                       float64 torch reference
+  masks                                                 parent arrays <-> visibility <-> SGLang flat masks
+"""
+
+from . import masks, reference
+from .api import tree_verify_attention
+from .launcher import VerifyPlan, Workspace, plan_verify, reserve_workspace, run_verify
+from .sglang_adapter import sglang_verify_fwd, unsupported_reason
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "VerifyPlan",
+    "Workspace",
+    "masks",
+    "plan_verify",
+    "reference",
+    "reserve_workspace",
+    "run_verify",
+    "sglang_verify_fwd",
+    "tree_verify_attention",
+    "unsupported_reason",
+    "__version__",
+]

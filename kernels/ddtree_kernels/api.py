@@ -1,0 +1,95 @@
+"""Standalone tree-verify attention for MLA, with a compact tree mask.
+
+    out = tree_verify_attention(q, k_cache, kv_indptr, kv_indices, k_draft, qo_indptr,
+                                visibility, sm_scale=1 / 16)
+
+q [T, H, D_V + D_R]; k_cache [S, 1, D_V + D_R] (bf16, fp16 or float8_e4m3fn, values
+are its first D_V columns unless v_cache is given); k_draft [T, 1, D_V + D_R] the
+draft tokens' own latent rows; visibility bool [T, n_max] (see masks.py) or None
+for a causal chain. Returns out [T, H, D_V] and, if asked, lse [T, H] (natural log).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .launcher import Workspace, plan_verify, run_verify, shared_workspace
+from .tree import MASK_CHAIN, MASK_COMPACT
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(message)
+
+
+def tree_verify_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    k_draft: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    visibility: torch.Tensor | None = None,
+    *,
+    d_v: int = 512,
+    v_cache: torch.Tensor | None = None,
+    v_draft: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    k_scale: float | torch.Tensor = 1.0,
+    v_scale: float | torch.Tensor = 1.0,
+    max_draft_tokens: int | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    workspace: Workspace | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention of each draft token over its request's prefix and its tree ancestors.
+
+    Safe inside CUDA-graph capture when `max_draft_tokens` (or `visibility`) is given
+    and `workspace` is preallocated: nothing is read back to the host.
+    """
+    _check(q.dim() == 3, f"q must be [T, H, D], got shape {tuple(q.shape)}")
+    T, H, d_qk = q.shape
+    d_r = d_qk - d_v
+    _check(0 <= d_r <= 64 and 0 < d_v <= 512,
+           f"head dims: q has {d_qk} columns and d_v={d_v}; need d_v <= 512 and 0 <= d_qk - d_v <= 64")
+    _check(q.dtype in (torch.bfloat16, torch.float16), f"q must be bf16 or fp16, got {q.dtype}")
+    for name, t in (("k_cache", k_cache), ("k_draft", k_draft)):
+        _check(t.dim() == 3 and t.shape[1] == 1 and t.shape[2] == d_qk,
+               f"{name} must be [N, 1, {d_qk}] (one latent KV head), got {tuple(t.shape)}")
+    _check(k_cache.dtype in (q.dtype, torch.float8_e4m3fn, torch.uint8),
+           f"k_cache must be {q.dtype} or float8_e4m3fn, got {k_cache.dtype}")
+    _check(k_draft.dtype == q.dtype, f"k_draft must match q's dtype {q.dtype}, got {k_draft.dtype}")
+    v_cache = k_cache if v_cache is None else v_cache
+    v_draft = k_draft if v_draft is None else v_draft
+    _check(qo_indptr.dim() == 1 and kv_indptr.shape == qo_indptr.shape,
+           f"qo_indptr and kv_indptr must both be [bs + 1], got {tuple(qo_indptr.shape)} and {tuple(kv_indptr.shape)}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("k_draft", k_draft), ("v_cache", v_cache), ("v_draft", v_draft)):
+        _check(t.stride(-1) == 1, f"{name} must be contiguous in its last dimension")
+    if visibility is not None:
+        _check(visibility.dim() == 2 and visibility.shape[0] == T,
+               f"visibility must be bool [T={T}, n_max], got {tuple(visibility.shape)}")
+        max_draft_tokens = max_draft_tokens or visibility.shape[1]
+        mask = visibility.contiguous().view(torch.uint8) if visibility.dtype == torch.bool else visibility.contiguous()
+    else:
+        mask = None
+    if max_draft_tokens is None:
+        # Reading the lengths back synchronises: pass max_draft_tokens inside a CUDA graph.
+        max_draft_tokens = int(torch.diff(qo_indptr).max()) if qo_indptr.numel() > 1 else 1
+
+    bs = qo_indptr.shape[0] - 1
+    plan = plan_verify(max(bs, 1), H, max(max_draft_tokens, 1), T, q.device, d_v=d_v, d_rope=d_r,
+                       num_splits=num_splits)
+    workspace = workspace or shared_workspace(plan, q.device)
+    if out is None:
+        out = torch.empty((T, H, d_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((T, H), dtype=torch.float32, device=q.device) if return_lse else None
+    if bs > 0 and T > 0:
+        run_verify(
+            plan, workspace, q, k_cache, v_cache, kv_indptr, kv_indices, k_draft, v_draft, qo_indptr, out,
+            mask_mode=MASK_CHAIN if mask is None else MASK_COMPACT,
+            mask=mask, mask_indptr=None, mask_row_stride=0 if mask is None else mask.stride(0),
+            sm_scale=sm_scale if sm_scale is not None else d_qk ** -0.5,
+            k_scale=k_scale, v_scale=v_scale, lse_out=lse,
+        )
+    return (out, lse) if return_lse else out

@@ -1,0 +1,76 @@
+"""Launch configurations, per GPU architecture, and the rule that admits them.
+
+There is no run-time autotuning: a verify call is captured into a CUDA graph, so
+the configuration must be a pure function of static facts (architecture, shapes).
+Every configuration here is compiled offline for sm_120 and sm_90 by the fit test
+(`python -m ddtree_kernels.fit`), which fails on one that does not fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Shared memory a block may use (bytes), by compute capability.
+SHARED_MEMORY_LIMIT = {(12, 0): 101_376, (9, 0): 232_448, (8, 0): 166_912, (8, 9): 101_376}
+SM120_SHARED_MEMORY = SHARED_MEMORY_LIMIT[(12, 0)]
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One kernel's tile shape and launch parameters."""
+
+    block_m: int  # rows (draft token x head) a program owns
+    block_n: int  # keys a loop iteration loads
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """Everything the launcher needs to pick for one architecture."""
+
+    prefix: TileConfig  # bf16/fp16 cache, values read from the key tile
+    prefix_fp8: TileConfig  # fp8 cache: the widened tiles need more registers
+    prefix_split_v: TileConfig  # values in a separate buffer: two tiles in shared memory
+    tree: TileConfig
+    merge_block_d: int = 512  # output columns a merge program owns
+    merge_block_s: int = 16  # parts a merge loop iteration reads
+    merge_num_warps: int = 8
+    ctas_per_sm: int = 2  # prefix programs to aim for, per SM, when choosing the split count
+    max_splits: int = 128
+    min_chunk: int = 256  # fewest prefix keys a split takes (short prefixes use fewer splits)
+
+
+# 32 rows x 32 keys, 8 warps, 2 stages: 75,776 bytes of shared memory, 174 registers, no
+# spills on sm_120 (the fit test); on sm_90 Triton uses the same mma.sync path at 32 rows.
+# fp8 at 32 keys spills (255 registers) and a separate V tile needs 108,544 bytes: both
+# take 16-key tiles.
+PORTABLE = VerifyConfig(
+    prefix=TileConfig(block_m=32, block_n=32, num_warps=8, num_stages=2),
+    prefix_fp8=TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=2),
+    prefix_split_v=TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=2),
+    tree=TileConfig(block_m=32, block_n=32, num_warps=8, num_stages=1),
+)
+
+# Chosen by (major, minor) compute capability; anything not listed gets PORTABLE.
+BY_CAPABILITY: dict[tuple[int, int], VerifyConfig] = {
+    (12, 0): PORTABLE,
+    (9, 0): PORTABLE,
+}
+
+SHIPPED: dict[str, VerifyConfig] = {"portable": PORTABLE}
+
+
+def config_for(capability: tuple[int, int] | None) -> VerifyConfig:
+    """The configuration the launcher uses on a device of this compute capability."""
+    if capability is None:
+        return PORTABLE
+    return BY_CAPABILITY.get(tuple(capability), PORTABLE)
+
+
+def capabilities_choosing(config: VerifyConfig) -> list[tuple[int, int]]:
+    """Capabilities that select `config`; PORTABLE is also the fallback for unknown ones."""
+    chosen = [cap for cap, conf in BY_CAPABILITY.items() if conf == config]
+    if config == PORTABLE:
+        chosen.append((12, 0))
+    return sorted(set(chosen))

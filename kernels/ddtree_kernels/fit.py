@@ -1,0 +1,175 @@
+"""Compile every shipped kernel configuration offline and check that it fits.
+
+    python -m ddtree_kernels.fit            # table
+    python -m ddtree_kernels.fit --json     # machine-readable, used by the tests
+
+No GPU is needed: Triton compiles for a named target (sm_120, sm_90) and the
+cuobjdump bundled with Triton reads registers, stack and local memory from the
+cubin. A variant fits when its shared memory is within the target's per-block
+limit and nothing spills (stack frame and local memory both zero). The JIT's
+16-byte divisibility hints are passed for the arguments that get them in real
+calls, or the shared-memory figure would not be the one the JIT produces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+
+from .configs import SHARED_MEMORY_LIMIT, SHIPPED, VerifyConfig, capabilities_choosing
+
+TARGETS = ((12, 0), (9, 0))
+
+# Argument types per kernel; "constexpr" entries are filled from the variant.
+_PREFIX_SIG = dict(
+    Q="*bf16", K_buf="*KV", V_buf="*KV", kv_indices="*i64", qo_indptr="*i32", kv_indptr="*i32",
+    O_part="*fp32", LSE_part="*fp32", k_scale="fp32", v_scale="fp32", qk_scale_log2="fp32",
+    stride_qt="i32", stride_qh="i32", stride_ks="i32", stride_vs="i32",
+    stride_or="i32", stride_op="i32", stride_lr="i32",
+)
+_TREE_SIG = dict(
+    Q="*bf16", K_tree="*bf16", V_tree="*bf16", qo_indptr="*i32", kv_indptr="*i32", mask="*u8",
+    mask_indptr="*i64", O_part="*fp32", LSE_part="*fp32", qk_scale_log2="fp32", part="i32",
+    mask_row_stride="i32", stride_qt="i32", stride_qh="i32", stride_kt="i32", stride_vt="i32",
+    stride_or="i32", stride_op="i32", stride_lr="i32",
+)
+_MERGE_SIG = dict(
+    O_part="*fp32", LSE_part="*fp32", Out="*bf16", LSE_out="*fp32", qo_indptr="*i32", batch="i32",
+    num_parts="i32", stride_or="i32", stride_op="i32", stride_lr="i32", stride_ot="i32",
+    stride_oh="i32", stride_lse_t="i32",
+)
+# Arguments that are multiples of 16 in every real GLM-5 / DeepSeek call (pointers, 576/512 strides).
+_ALIGNED = {
+    "Q", "K_buf", "V_buf", "kv_indices", "qo_indptr", "kv_indptr", "O_part", "LSE_part", "K_tree",
+    "V_tree", "mask", "mask_indptr", "Out", "LSE_out", "stride_qt", "stride_qh", "stride_ks", "stride_vs",
+    "stride_kt", "stride_vt", "stride_or", "stride_op", "stride_ot", "stride_oh",
+}
+
+
+@dataclass
+class FitResult:
+    config: str
+    target: str
+    kernel: str
+    variant: str
+    shared: int
+    shared_limit: int
+    registers: int
+    stack: int
+    local: int
+    must_fit: bool  # the launcher can choose this config on this target
+    error: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return not self.error and self.shared <= self.shared_limit and self.stack == 0 and self.local == 0
+
+
+def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int]]:
+    """(kernel, variant, signature, constexprs, num_warps, num_stages) for one config."""
+    dims = dict(H=8, D_V=512, D_R=64, BLOCK_DV=512, BLOCK_DR=64)
+    tc = conf.tree
+    out = []
+    for kv, v_from_k, pc in (("bf16", True, conf.prefix), ("fp8e4nv", True, conf.prefix_fp8),
+                             ("fp8e4nv", False, conf.prefix_fp8), ("bf16", False, conf.prefix_split_v)):
+        sig = {k: (kv if v == "*KV" else v) for k, v in _PREFIX_SIG.items()}
+        sig = {k: ("*" + kv if v == kv else v) for k, v in sig.items()}
+        const = dict(dims, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n, MIN_CHUNK=conf.min_chunk,
+                     V_FROM_K=v_from_k, SCALE_FROM_PTR=False, DOT_FP32=False)
+        out.append(("prefix", f"kv={kv},v_from_k={v_from_k}", sig, const, pc.num_warps, pc.num_stages))
+    for mode, name in ((1, "sglang_flat"), (0, "chain"), (2, "compact")):
+        const = dict(dims, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, MASK_MODE=mode, DOT_FP32=False)
+        out.append(("tree", f"mask={name}", dict(_TREE_SIG), const, tc.num_warps, tc.num_stages))
+    const = dict(H=8, D_V=512, BLOCK_D=conf.merge_block_d, BLOCK_S=conf.merge_block_s, STORE_LSE=True)
+    out.append(("merge", "lse", dict(_MERGE_SIG), const, conf.merge_num_warps, 1))
+    return out
+
+
+def _kernel(name: str):
+    from .merge import merge_parts_kernel
+    from .prefix import prefix_split_kernel
+    from .tree import tree_block_kernel
+
+    return {"prefix": prefix_split_kernel, "tree": tree_block_kernel, "merge": merge_parts_kernel}[name]
+
+
+def _resource_usage(cubin: bytes) -> tuple[int, int, int]:
+    import triton.backends.nvidia as nvidia
+
+    tool = os.path.join(os.path.dirname(nvidia.__file__), "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        cmd = [tool, "--dump-resource-usage", f.name]
+        text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    fields = dict(re.findall(r"\b(REG|STACK|LOCAL):(\d+)", text))
+    return int(fields["REG"]), int(fields["STACK"]), int(fields["LOCAL"])
+
+
+def compile_variant(job: tuple) -> FitResult:
+    """Compile one (config, target, kernel variant) and read its resource use."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    config_name, cap, kernel, variant, sig, const, warps, stages, must_fit = job
+    fn = _kernel(kernel)
+    limit = SHARED_MEMORY_LIMIT[cap]
+    target_name = f"sm_{cap[0]}{cap[1]}"
+    full_sig = {name: sig.get(name, "constexpr") for name in fn.arg_names}
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in sig if a in _ALIGNED}
+    try:
+        compiled = triton.compile(
+            ASTSource(fn, full_sig, const, attrs),
+            target=GPUTarget("cuda", cap[0] * 10 + cap[1], 32),
+            options={"num_warps": warps, "num_stages": stages},
+        )
+        regs, stack, local = _resource_usage(compiled.asm["cubin"])
+        return FitResult(config_name, target_name, kernel, variant, compiled.metadata.shared, limit,
+                         regs, stack, local, must_fit)
+    except Exception as exc:  # a config that cannot compile must show up, not crash the report
+        return FitResult(config_name, target_name, kernel, variant, 0, limit, 0, 0, 0, must_fit,
+                         error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+
+def check_all(workers: int = 2) -> list[FitResult]:
+    """Every shipped config x target x kernel variant."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("unset TRITON_INTERPRET: offline compilation needs the real Triton JIT")
+    jobs = []
+    for name, conf in SHIPPED.items():
+        chosen_on = capabilities_choosing(conf)
+        for cap in TARGETS:
+            for kernel, variant, sig, const, warps, stages in _variants(conf):
+                jobs.append((name, cap, kernel, variant, sig, const, warps, stages, cap in chosen_on))
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(compile_variant, jobs))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args(argv)
+    results = check_all(args.workers)
+    if args.json:
+        print(json.dumps([asdict(r) | {"fits": r.fits} for r in results], indent=1))
+    else:
+        print(f"{'config':10} {'target':7} {'kernel':7} {'variant':26} {'shared':>8} {'limit':>8} {'regs':>5} "
+              f"{'stack':>5} {'local':>5}  verdict")
+        for r in results:
+            verdict = "ok" if r.fits else ("DOES NOT FIT" if r.must_fit else "not chosen here")
+            print(f"{r.config:10} {r.target:7} {r.kernel:7} {r.variant:26} {r.shared:8} {r.shared_limit:8} "
+                  f"{r.registers:5} {r.stack:5} {r.local:5}  {verdict} {r.error}")
+    return 0 if all(r.fits for r in results if r.must_fit) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

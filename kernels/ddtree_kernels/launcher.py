@@ -1,0 +1,240 @@
+"""Plan and run one tree-verify attention call: prefix splits, tree block, merge.
+
+Planning (`plan_verify`) looks only at static facts (shapes, the device), so the
+same plan, grid and buffers serve every replay of a captured CUDA graph. Running
+(`run_verify`) launches three kernels into caller-owned buffers and never reads a
+device value on the host.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+import triton
+
+from .configs import VerifyConfig, config_for
+from .merge import merge_parts_kernel
+from .prefix import prefix_split_kernel
+from .tree import tree_block_kernel
+
+
+def interpreting() -> bool:
+    """True under TRITON_INTERPRET=1, where kernels run on the CPU through numpy."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@cache
+def _device_facts(device: torch.device) -> tuple[tuple[int, int] | None, int]:
+    if device.type != "cuda":
+        return None, 4  # the interpreter: a few "SMs" so CPU tests still split the prefix
+    props = torch.cuda.get_device_properties(device)
+    return (props.major, props.minor), props.multi_processor_count
+
+
+@dataclass(frozen=True)
+class VerifyPlan:
+    """Static launch decisions for one shape of verify call."""
+
+    batch_size: int
+    num_heads: int
+    max_draft_tokens: int
+    total_tokens: int
+    d_v: int
+    d_rope: int
+    num_splits: int
+    config: VerifyConfig
+
+    @property
+    def num_parts(self) -> int:
+        """Prefix splits plus the tree block."""
+        return self.num_splits + 1
+
+    @property
+    def total_rows(self) -> int:
+        return self.total_tokens * self.num_heads
+
+    def row_blocks(self, block_m: int) -> int:
+        """Programs that cover the rows (draft tokens x heads) of the longest request."""
+        return triton.cdiv(self.max_draft_tokens * self.num_heads, block_m)
+
+
+def plan_verify(
+    batch_size: int,
+    num_heads: int,
+    max_draft_tokens: int,
+    total_tokens: int,
+    device: torch.device | str,
+    *,
+    d_v: int = 512,
+    d_rope: int = 64,
+    num_splits: int | None = None,
+    config: VerifyConfig | None = None,
+) -> VerifyPlan:
+    """Choose the split count and tile configuration for a verify shape.
+
+    The split count fills about `config.ctas_per_sm` programs per SM over all
+    requests and row blocks; at run time a short prefix uses fewer of them.
+    """
+    if batch_size < 1 or num_heads < 1 or max_draft_tokens < 1:
+        raise ValueError(
+            f"plan_verify needs batch_size, num_heads and max_draft_tokens >= 1, got "
+            f"{batch_size}, {num_heads}, {max_draft_tokens}"
+        )
+    capability, sm_count = _device_facts(torch.device(device))
+    config = config or config_for(capability)
+    if num_splits is None:
+        row_blocks = triton.cdiv(max_draft_tokens * num_heads, config.prefix.block_m)
+        wanted = math.ceil(config.ctas_per_sm * sm_count / (row_blocks * batch_size))
+        num_splits = max(1, min(config.max_splits, wanted))
+    return VerifyPlan(batch_size, num_heads, max_draft_tokens, total_tokens, d_v, d_rope, num_splits, config)
+
+
+class Workspace:
+    """Partial outputs and LSEs of the split prefix, owned by the caller.
+
+    Size it once for the largest call (rows = draft tokens x heads, parts = splits + 1)
+    and reuse it: a CUDA graph captures its addresses.
+    """
+
+    def __init__(self, max_rows: int, max_parts: int, d_v: int, device: torch.device | str):
+        self.o_part = torch.empty((max_rows, max_parts, d_v), dtype=torch.float32, device=device)
+        self.lse_part = torch.empty((max_rows, max_parts), dtype=torch.float32, device=device)
+
+    def fits(self, plan: VerifyPlan) -> bool:
+        rows, parts, d_v = self.o_part.shape
+        return plan.total_rows <= rows and plan.num_parts <= parts and plan.d_v <= d_v
+
+    @classmethod
+    def for_plan(cls, plan: VerifyPlan, device: torch.device | str) -> Workspace:
+        return cls(plan.total_rows, plan.num_parts, plan.d_v, device)
+
+
+def _scale_args(k_scale, v_scale) -> tuple[object, object, bool]:
+    """Scales as two floats, or two 0-dim device tensors (read by the kernel: no sync)."""
+    k_is_t, v_is_t = isinstance(k_scale, torch.Tensor), isinstance(v_scale, torch.Tensor)
+    if not (k_is_t or v_is_t):
+        return float(k_scale), float(v_scale), False
+    device = (k_scale if k_is_t else v_scale).device
+
+    def as_tensor(s):
+        return s.reshape(()).to(torch.float32) if isinstance(s, torch.Tensor) else torch.full(
+            (), float(s), dtype=torch.float32, device=device
+        )
+
+    return as_tensor(k_scale), as_tensor(v_scale), True
+
+
+def _pow2_at_least(x: int, floor: int = 16) -> int:
+    return max(floor, triton.next_power_of_2(max(x, 1)))
+
+
+def run_verify(
+    plan: VerifyPlan,
+    workspace: Workspace,
+    q: torch.Tensor,  # [T, H, D_V + D_R]
+    k_buf: torch.Tensor,  # [S, 1, D_V + D_R] (bf16/fp16 or float8_e4m3fn)
+    v_buf: torch.Tensor,  # [S, 1, >= D_V]
+    kv_indptr: torch.Tensor,  # [bs + 1]
+    kv_indices: torch.Tensor,  # [>= kv_indptr[-1]]
+    k_tree: torch.Tensor,  # [T, 1, D_V + D_R]
+    v_tree: torch.Tensor,  # [T, 1, >= D_V]
+    qo_indptr: torch.Tensor,  # [bs + 1]
+    out: torch.Tensor,  # [T, H, D_V]
+    *,
+    mask_mode: int,
+    mask: torch.Tensor | None,
+    mask_indptr: torch.Tensor | None,
+    mask_row_stride: int,
+    sm_scale: float,
+    k_scale=1.0,
+    v_scale=1.0,
+    lse_out: torch.Tensor | None = None,  # [T, H] float32, natural log
+) -> None:
+    """Launch prefix splits, the tree block and the merge. No host synchronisation."""
+    if not workspace.fits(plan):
+        raise ValueError(
+            f"workspace holds {tuple(workspace.o_part.shape)} (rows, parts, d_v) but the plan needs "
+            f"({plan.total_rows}, {plan.num_parts}, {plan.d_v}); allocate Workspace.for_plan(plan, device)"
+        )
+    conf = plan.config
+    H, d_v, d_r = plan.num_heads, plan.d_v, plan.d_rope
+    block_dv, block_dr = _pow2_at_least(d_v), _pow2_at_least(d_r)
+    dot_fp32 = interpreting()
+    qk_scale_log2 = sm_scale * 1.4426950408889634
+    k_s, v_s, scale_from_ptr = _scale_args(k_scale, v_scale)
+    if k_buf.dtype == torch.uint8:  # SGLang may hand over an fp8 pool as raw bytes
+        k_buf = k_buf.view(torch.float8_e4m3fn)
+    if v_buf.dtype == torch.uint8:
+        v_buf = v_buf.view(torch.float8_e4m3fn)
+    v_from_k = (
+        v_buf.data_ptr() == k_buf.data_ptr() and v_buf.stride(0) == k_buf.stride(0) and v_buf.dtype == k_buf.dtype
+    )
+    o_part, lse_part = workspace.o_part, workspace.lse_part
+    part_strides = (o_part.stride(0), o_part.stride(1), lse_part.stride(0))
+    dims = dict(H=H, D_V=d_v, D_R=d_r, BLOCK_DV=block_dv, BLOCK_DR=block_dr)
+
+    if k_buf.dtype == torch.float8_e4m3fn:
+        pc = conf.prefix_fp8
+    else:
+        pc = conf.prefix if v_from_k else conf.prefix_split_v
+    prefix_split_kernel[(plan.row_blocks(pc.block_m), plan.num_splits, plan.batch_size)](
+        q, k_buf, v_buf, kv_indices, qo_indptr, kv_indptr,
+        o_part, lse_part,
+        k_s, v_s, qk_scale_log2,
+        q.stride(0), q.stride(1), k_buf.stride(0), v_buf.stride(0),
+        *part_strides,
+        **dims, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n, MIN_CHUNK=conf.min_chunk,
+        V_FROM_K=v_from_k, SCALE_FROM_PTR=scale_from_ptr, DOT_FP32=dot_fp32,
+        num_warps=pc.num_warps, num_stages=pc.num_stages,
+    )
+
+    tc = conf.tree
+    tree_block_kernel[(plan.row_blocks(tc.block_m), plan.batch_size)](
+        q, k_tree, v_tree, qo_indptr, kv_indptr,
+        mask if mask is not None else qo_indptr,
+        mask_indptr if mask_indptr is not None else qo_indptr,
+        o_part, lse_part,
+        qk_scale_log2, plan.num_splits, mask_row_stride,
+        q.stride(0), q.stride(1), k_tree.stride(0), v_tree.stride(0),
+        *part_strides,
+        **dims, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, MASK_MODE=mask_mode, DOT_FP32=dot_fp32,
+        num_warps=tc.num_warps, num_stages=tc.num_stages,
+    )
+
+    merge_parts_kernel[(plan.total_rows, triton.cdiv(d_v, conf.merge_block_d))](
+        o_part, lse_part, out, lse_out if lse_out is not None else o_part, qo_indptr, plan.batch_size, plan.num_parts,
+        *part_strides, out.stride(0), out.stride(1), lse_out.stride(0) if lse_out is not None else 0,
+        H=H, D_V=d_v, BLOCK_D=conf.merge_block_d, BLOCK_S=conf.merge_block_s,
+        STORE_LSE=lse_out is not None,
+        num_warps=conf.merge_num_warps,
+    )
+
+
+# Workspaces handed out by `shared_workspace`, per device. A larger call allocates a
+# larger one but the old ones stay referenced: a CUDA graph captured earlier keeps
+# pointing at them, so they must never return to the allocator.
+_WORKSPACES: dict[torch.device, list[Workspace]] = {}
+
+
+def shared_workspace(plan: VerifyPlan, device: torch.device | str) -> Workspace:
+    """A process-wide workspace that fits `plan`, grown (never freed) as needed."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    held = _WORKSPACES.setdefault(device, [])
+    if held and held[-1].fits(plan):
+        return held[-1]
+    rows, parts, d_v = held[-1].o_part.shape if held else (0, 0, 0)
+    grown = Workspace(max(rows, plan.total_rows), max(parts, plan.num_parts), max(d_v, plan.d_v), device)
+    held.append(grown)
+    return grown
+
+
+def reserve_workspace(max_rows: int, max_parts: int, d_v: int, device: torch.device | str) -> Workspace:
+    """Allocate the shared workspace up front (before CUDA-graph capture)."""
+    plan = VerifyPlan(1, 1, 1, max_rows, d_v, 0, max_parts - 1, config_for(None))
+    return shared_workspace(plan, device)

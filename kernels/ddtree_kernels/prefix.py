@@ -1,0 +1,98 @@
+"""Split-KV attention of draft-token rows over the request's cached prefix.
+
+Flash-decoding (Dao et al., 2023) for MLA verify: the prefix of each request is cut
+into `num_splits` contiguous chunks, one program per (row block, chunk, request).
+A row is one (draft token, head) pair; all rows of a request share the single
+latent KV head, so each gathered KV tile is loaded once for BLOCK_M rows. Keys are
+576-wide latent rows at arbitrary slots (page_size 1); values are the first D_V
+columns of the same rows, read from the K tile when V is a view of K.
+
+Each program writes a normalised partial output and its base-2 log-sum-exp;
+`merge.py` combines the parts. An empty chunk writes LSE = -inf and no output.
+"""
+
+import triton
+import triton.language as tl
+
+from .tile import online_softmax_step, score_tile, store_partial
+
+
+@triton.jit
+def load_scale(scale, SCALE_FROM_PTR: tl.constexpr):
+    """A dequantisation scale passed as a float, or as a 0-dim device tensor (no host sync)."""
+    if SCALE_FROM_PTR:
+        return tl.load(scale).to(tl.float32)
+    else:
+        return scale
+
+
+@triton.jit
+def prefix_split_kernel(
+    Q, K_buf, V_buf, kv_indices, qo_indptr, kv_indptr,
+    O_part, LSE_part,
+    k_scale, v_scale, qk_scale_log2,
+    stride_qt, stride_qh, stride_ks, stride_vs,
+    stride_or, stride_op, stride_lr,
+    H: tl.constexpr, D_V: tl.constexpr, D_R: tl.constexpr,
+    BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr,
+    V_FROM_K: tl.constexpr, SCALE_FROM_PTR: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    row_block = tl.program_id(0)
+    split = tl.program_id(1)
+    req = tl.program_id(2)
+    num_splits = tl.num_programs(1)
+
+    q_start = tl.load(qo_indptr + req).to(tl.int32)
+    n_rows = (tl.load(qo_indptr + req + 1).to(tl.int32) - q_start) * H
+    if row_block * BLOCK_M >= n_rows:
+        return
+    kv_start = tl.load(kv_indptr + req).to(tl.int64)
+    prefix_len = (tl.load(kv_indptr + req + 1).to(tl.int64) - kv_start).to(tl.int32)
+
+    # Chunk bounds: equal chunks, whole key tiles, at least MIN_CHUNK keys so short
+    # prefixes use fewer programs instead of many near-empty ones.
+    chunk = tl.maximum(tl.cdiv(prefix_len, num_splits), MIN_CHUNK)
+    chunk = tl.cdiv(chunk, BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, prefix_len)
+
+    offs_m = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < n_rows
+    rows = q_start * H + offs_m  # row index into the partial buffers
+    if lo >= hi:
+        tl.store(LSE_part + rows.to(tl.int64) * stride_lr + split, float("-inf"), mask=row_ok)
+        return
+
+    offs_dv = tl.arange(0, BLOCK_DV)
+    offs_dr = tl.arange(0, BLOCK_DR)
+    dv_ok = offs_dv < D_V
+    dr_ok = offs_dr < D_R
+    q_ptrs = Q + (q_start + offs_m // H).to(tl.int64) * stride_qt + (offs_m % H) * stride_qh
+    q_nope = tl.load(q_ptrs[:, None] + offs_dv[None, :], mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
+    q_rope = tl.load(q_ptrs[:, None] + D_V + offs_dr[None, :], mask=row_ok[:, None] & dr_ok[None, :], other=0.0)
+
+    qk_scale = qk_scale_log2 * load_scale(k_scale, SCALE_FROM_PTR)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < hi
+        slot = tl.load(kv_indices + kv_start + offs_n, mask=n_ok, other=0).to(tl.int64)
+        k_ptrs = K_buf + slot[:, None] * stride_ks
+        k_nope = tl.load(k_ptrs + offs_dv[None, :], mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
+        k_rope = tl.load(k_ptrs + D_V + offs_dr[None, :], mask=n_ok[:, None] & dr_ok[None, :], other=0.0)
+        qk = score_tile(q_nope, q_rope, k_nope, k_rope, D_R > 0, DOT_FP32) * qk_scale
+        qk = tl.where(n_ok[None, :], qk, float("-inf"))
+        if V_FROM_K:
+            v = k_nope
+        else:
+            v = tl.load(V_buf + slot[:, None] * stride_vs + offs_dv[None, :],
+                        mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, qk, v, q_nope, DOT_FP32)
+
+    store_partial(O_part, LSE_part, rows, row_ok, split, acc, l_i, m_i,
+                  load_scale(v_scale, SCALE_FROM_PTR),
+                  stride_or, stride_op, stride_lr, offs_dv, dv_ok)

@@ -1,0 +1,137 @@
+"""SGLang's verify hook: `TritonAttnBackend.verify_splitkv_fwd`, served by our kernels.
+
+SGLang (0.5.14+) calls the hook for TARGET_VERIFY with the positional arguments of
+`extend_attention_fwd` and falls back to `extend_attention_fwd` when it returns
+False. We return False, before writing anything, for every input we do not
+serve; `unsupported_reason` says which one and why.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .launcher import interpreting, plan_verify, run_verify, shared_workspace
+from .tree import MASK_CHAIN, MASK_FULL, MASK_SGLANG_FLAT
+
+_COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
+_FP8_CACHE_DTYPES = (torch.float8_e4m3fn, torch.uint8)  # uint8: an fp8 pool seen as raw bytes
+# Keyword arguments SGLang may pass that do not change what the kernel must compute,
+# with the values under which that holds.
+_NEUTRAL_KWARGS = {
+    "page_size": (1, None),
+    "score_mod": (None,),
+    "aux_tensors": (None,),
+    "skip_prefix": (False, None),
+    "skip_extend": (False, None),
+    "skip_prefix_custom_mask": (True, None),
+}
+_IGNORED_KWARGS = {"extend_seq_lens_cpu", "identity_kv_indices", "lse_extend"}
+
+
+def unsupported_reason(
+    q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+    custom_mask, is_causal, mask_indptr, max_len_extend,
+    *, logit_cap=0.0, sliding_window_size=-1, sinks=None, window_kv_offsets=None,
+    xai_temperature_len=-1, **kwargs,
+) -> str | None:
+    """Why the kernel does not serve this call, or None when it does."""
+    if sinks is not None:
+        return "attention sinks"
+    if sliding_window_size is not None and sliding_window_size > 0:
+        return "sliding-window attention"
+    if window_kv_offsets is not None:
+        return "sliding-window KV offsets"
+    if logit_cap is not None and logit_cap > 0:
+        return "logit soft-capping"
+    if xai_temperature_len is not None and xai_temperature_len > 0:
+        return "xai temperature scaling"
+    for key, value in kwargs.items():
+        if key in _IGNORED_KWARGS:
+            continue
+        if key not in _NEUTRAL_KWARGS:
+            if value is not None:
+                return f"unknown argument {key}={value!r}"
+        elif not any(value is ok or value == ok for ok in _NEUTRAL_KWARGS[key]):
+            return f"{key}={value!r}"
+    tensors = (q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer)
+    if any(t.dim() != 3 for t in tensors):
+        return "expects 3-d q/k/v/o tensors [tokens, heads, dim]"
+    if k_extend.shape[1] != 1 or k_buffer.shape[1] != 1 or v_buffer.shape[1] != 1:
+        return "more than one KV head (not MLA)"
+    d_qk, d_v = q_extend.shape[-1], o_extend.shape[-1]
+    if not (k_extend.shape[-1] == k_buffer.shape[-1] == d_qk and v_extend.shape[-1] == d_v <= v_buffer.shape[-1]):
+        return "q/k/v head dims disagree"
+    if not (0 < d_v <= 512 and 0 <= d_qk - d_v <= 64):
+        return f"head dims {d_qk}/{d_v} (needs d_v <= 512, d_qk - d_v <= 64)"
+    if q_extend.dtype not in _COMPUTE_DTYPES or o_extend.dtype != q_extend.dtype:
+        return f"q/o dtype {q_extend.dtype}/{o_extend.dtype}"
+    if k_extend.dtype != q_extend.dtype or v_extend.dtype != q_extend.dtype:
+        return "draft k/v dtype differs from q"
+    if k_buffer.dtype not in (q_extend.dtype, *_FP8_CACHE_DTYPES) or v_buffer.dtype != k_buffer.dtype:
+        return f"KV cache dtype {k_buffer.dtype}/{v_buffer.dtype}"
+    if any(t.stride(-1) != 1 for t in tensors):
+        return "a tensor is not contiguous in its last dimension"
+    if q_extend.device.type != "cuda" and not interpreting():
+        return f"tensors on {q_extend.device} (needs CUDA)"
+    if custom_mask is not None and mask_indptr is None:
+        return "custom_mask without mask_indptr"
+    if not isinstance(max_len_extend, int) or max_len_extend < 1:
+        return f"max_len_extend={max_len_extend!r} (needs a python int >= 1)"
+    return None
+
+
+def sglang_verify_fwd(
+    q_extend: torch.Tensor,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    o_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    custom_mask: torch.Tensor | None,
+    is_causal: bool,
+    mask_indptr: torch.Tensor | None,
+    max_len_extend: int,
+    k_scale: float | torch.Tensor = 1.0,
+    v_scale: float | torch.Tensor = 1.0,
+    sm_scale: float | None = None,
+    *,
+    logit_cap: float = 0.0,
+    sliding_window_size: int = -1,
+    sinks: torch.Tensor | None = None,
+    window_kv_offsets: torch.Tensor | None = None,
+    xai_temperature_len: int = -1,
+    max_bs: int | None = None,
+    **kwargs,
+) -> bool:
+    """Write o_extend and return True, or return False (nothing written) to let SGLang fall back."""
+    reason = unsupported_reason(
+        q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+        custom_mask, is_causal, mask_indptr, max_len_extend,
+        logit_cap=logit_cap, sliding_window_size=sliding_window_size, sinks=sinks,
+        window_kv_offsets=window_kv_offsets, xai_temperature_len=xai_temperature_len, **kwargs,
+    )
+    if reason is not None:
+        return False
+    T, H, d_qk = q_extend.shape
+    d_v = o_extend.shape[-1]
+    bs = qo_indptr.shape[0] - 1
+    if T == 0 or bs == 0:
+        return True
+    plan = plan_verify(bs, H, max_len_extend, T, q_extend.device, d_v=d_v, d_rope=d_qk - d_v)
+    if custom_mask is not None:
+        mode = MASK_SGLANG_FLAT
+        mask = custom_mask.view(torch.uint8) if custom_mask.dtype == torch.bool else custom_mask
+    else:
+        mode, mask = (MASK_CHAIN if is_causal else MASK_FULL), None
+    lse_extend = kwargs.get("lse_extend")
+    run_verify(
+        plan, shared_workspace(plan, q_extend.device),
+        q_extend, k_buffer, v_buffer, kv_indptr, kv_indices, k_extend, v_extend, qo_indptr, o_extend,
+        mask_mode=mode, mask=mask, mask_indptr=mask_indptr, mask_row_stride=0,
+        sm_scale=sm_scale if sm_scale is not None else d_qk ** -0.5,
+        k_scale=k_scale, v_scale=v_scale, lse_out=lse_extend,
+    )
+    return True

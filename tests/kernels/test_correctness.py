@@ -1,0 +1,139 @@
+"""The real Triton kernels against the float64 reference, on fresh random inputs.
+
+On a machine without a GPU these run under TRITON_INTERPRET=1 (see tests/conftest.py)
+at CPU-friendly sizes; tests/kernels/test_gpu.py runs realistic sizes on a GPU.
+Outputs are poisoned with NaN first, so a row the kernels never write fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import ddtree_kernels as dk
+from ddtree_kernels.configs import PORTABLE
+from ddtree_kernels.launcher import Workspace, plan_verify, run_verify
+from ddtree_kernels.tree import MASK_COMPACT
+
+from .cases import assert_close, make_case
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FP8 = torch.float8_e4m3fn
+
+# (id, prefix lengths, draft lengths, heads, options)
+CASES = [
+    ("glm5-ragged", [0, 1, 777, 2500], [9, 9, 5, 9], 8, {}),
+    ("n65-chain", [300], [65], 1, {"tree": "chain"}),
+    ("n1-decode-fp8", [2081], [1], 16, {"kv_dtype": FP8}),
+    ("tree-fp8-ragged", [1500, 40], [9, 17], 8, {"kv_dtype": FP8}),
+    ("separate-v", [600], [9], 8, {"separate_v": True}),
+    ("separate-v-fp8", [300], [9], 8, {"separate_v": True, "kv_dtype": FP8}),
+    ("no-prefix", [0, 0], [3, 9], 16, {}),
+    ("contiguous-slots", [1000], [9], 8, {"slots": "contiguous"}),
+    ("small-dims", [500], [7], 4, {"d_v": 128, "d_rope": 32}),
+    ("no-rope", [200], [5], 2, {"d_v": 64, "d_rope": 0}),
+    ("chain-as-mask", [129], [33], 1, {"tree": "chain_mask"}),
+    ("full-non-causal", [100], [9], 2, {"tree": "full"}),
+]
+
+
+def _poisoned_out(case) -> torch.Tensor:
+    return torch.full((case.q.shape[0], case.q.shape[1], case.d_v), float("nan"), dtype=case.q.dtype, device=DEVICE)
+
+
+@pytest.mark.parametrize("prefix,draft,heads,opts", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_sglang_adapter_matches_reference(prefix, draft, heads, opts):
+    case = make_case(prefix, draft, heads, DEVICE, **opts)
+    out = _poisoned_out(case)
+    lse = torch.full(out.shape[:2], float("nan"), dtype=torch.float32, device=DEVICE)
+    served = dk.sglang_verify_fwd(
+        case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache,
+        case.qo_indptr, case.kv_indptr, case.kv_indices, case.custom_mask,
+        opts.get("tree") != "full", case.mask_indptr, case.max_draft,
+        case.k_scale, case.v_scale, case.sm_scale, lse_extend=lse,
+    )
+    assert served
+    ref_out, ref_lse = case.reference()
+    assert_close(out, ref_out, case)
+    torch.testing.assert_close(lse.double().cpu(), ref_lse, atol=2e-3, rtol=0, msg=f"lse, seed={case.seed}")
+
+
+@pytest.mark.parametrize(
+    "prefix,draft,heads,opts",
+    [c[1:] for c in CASES if c[4].get("tree") != "full"],
+    ids=[c[0] for c in CASES if c[4].get("tree") != "full"],
+)
+def test_standalone_api_matches_reference(prefix, draft, heads, opts):
+    case = make_case(prefix, draft, heads, DEVICE, **opts)
+    v_cache = case.v_cache if opts.get("separate_v") else None
+    out, lse = dk.tree_verify_attention(
+        case.q, case.k_cache, case.kv_indptr, case.kv_indices, case.k_draft, case.qo_indptr, case.visibility,
+        d_v=case.d_v, v_cache=v_cache, v_draft=case.v_draft, sm_scale=case.sm_scale,
+        k_scale=case.k_scale, v_scale=case.v_scale, max_draft_tokens=case.max_draft,
+        out=_poisoned_out(case), return_lse=True,
+    )
+    ref_out, ref_lse = case.reference()
+    assert_close(out, ref_out, case)
+    torch.testing.assert_close(lse.double().cpu(), ref_lse, atol=2e-3, rtol=0, msg=f"lse, seed={case.seed}")
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 7, 40])
+def test_splits_that_do_not_divide_the_prefix(num_splits):
+    """Uneven and empty splits (40 splits of 32-key chunks over 777 keys leave some empty)."""
+    case = make_case([777, 5, 64], [9, 2, 4], 8, DEVICE)
+    config = dataclasses.replace(PORTABLE, min_chunk=32)
+    plan = plan_verify(3, 8, case.max_draft, case.q.shape[0], DEVICE, num_splits=num_splits, config=config)
+    out = _poisoned_out(case)
+    run_verify(
+        plan, Workspace.for_plan(plan, DEVICE), case.q, case.k_cache, case.v_cache, case.kv_indptr,
+        case.kv_indices, case.k_draft, case.v_draft, case.qo_indptr, out,
+        mask_mode=MASK_COMPACT, mask=case.visibility.view(torch.uint8), mask_indptr=None,
+        mask_row_stride=case.visibility.stride(0), sm_scale=case.sm_scale,
+    )
+    assert_close(out, case.reference()[0], case)
+
+
+def test_fp8_scales_as_device_tensors():
+    """k_scale / v_scale as 0-dim tensors are read on the device (no host sync)."""
+    case = make_case([900], [9], 8, DEVICE, kv_dtype=FP8)
+    out = _poisoned_out(case)
+    scale = torch.tensor(case.k_scale, device=DEVICE)
+    assert dk.sglang_verify_fwd(
+        case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr,
+        case.kv_indices, case.custom_mask, True, case.mask_indptr, case.max_draft, scale, scale, case.sm_scale,
+    )
+    assert_close(out, case.reference()[0], case)
+
+
+def test_padded_rows_past_the_last_request_are_left_alone():
+    """CUDA-graph padding: q rows past qo_indptr[-1] are not written."""
+    case = make_case([400, 60], [9, 4], 8, DEVICE)
+    pad = 6
+    q = torch.cat([case.q, torch.randn(pad, *case.q.shape[1:], device=DEVICE).to(case.q.dtype)])
+    k_draft = torch.cat([case.k_draft, torch.zeros(pad, *case.k_draft.shape[1:], dtype=case.k_draft.dtype,
+                                                   device=DEVICE)])
+    v_draft = torch.cat([case.v_draft, torch.zeros(pad, *case.v_draft.shape[1:], dtype=case.v_draft.dtype,
+                                                   device=DEVICE)])
+    out = torch.full((q.shape[0], 8, case.d_v), 7.0, dtype=q.dtype, device=DEVICE)
+    assert dk.sglang_verify_fwd(
+        q, k_draft, v_draft, out, case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr, case.kv_indices,
+        case.custom_mask, True, case.mask_indptr, case.max_draft, 1.0, 1.0, case.sm_scale,
+    )
+    assert_close(out[: case.q.shape[0]], case.reference()[0], case)
+    assert bool((out[case.q.shape[0]:] == 7.0).all())
+
+
+def test_reference_agrees_with_plain_softmax_attention():
+    """Guard the guard: the reference equals torch SDPA for a single chain request."""
+    case = make_case([50], [6], 3, "cpu", tree="chain", d_v=64, d_rope=16)
+    ref, _ = case.reference()
+    keys = torch.cat([case.k_cache[case.kv_indices[:50]], case.k_draft]).double()[:, 0]  # [P + n, D]
+    vals = torch.cat([case.v_cache[case.kv_indices[:50]], case.v_draft]).double()[:, 0]
+    q = case.q.double().transpose(0, 1)  # [H, n, D]
+    allowed = torch.cat([torch.ones(6, 50, dtype=torch.bool), torch.ones(6, 6, dtype=torch.bool).tril()], 1)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q, keys[None].expand(3, -1, -1), vals[None].expand(3, -1, -1), attn_mask=allowed, scale=case.sm_scale
+    )
+    torch.testing.assert_close(ref, sdpa.transpose(0, 1))

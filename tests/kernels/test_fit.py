@@ -1,0 +1,47 @@
+"""Every shipped kernel configuration compiles for sm_120 and sm_90 and fits there.
+
+Runs `python -m ddtree_kernels.fit --json` in a child process: offline compilation
+needs the real Triton JIT, and this test session may have TRITON_INTERPRET=1 set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ddtree_kernels.configs import SHIPPED, SM120_SHARED_MEMORY
+
+
+@pytest.fixture(scope="module")
+def fit_report() -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "ddtree_kernels.fit", "--json"], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.stdout, f"fit produced no report:\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout)
+
+
+def test_every_config_and_variant_was_compiled_for_both_targets(fit_report):
+    seen = {(r["config"], r["target"], r["kernel"]) for r in fit_report}
+    for name in SHIPPED:
+        for target in ("sm_120", "sm_90"):
+            for kernel in ("prefix", "tree", "merge"):
+                assert (name, target, kernel) in seen
+    assert not [r for r in fit_report if r["error"]], [r for r in fit_report if r["error"]]
+
+
+def test_sm120_shared_memory_and_no_spills(fit_report):
+    sm120 = [r for r in fit_report if r["target"] == "sm_120" and r["must_fit"]]
+    assert sm120
+    for r in sm120:
+        assert r["shared"] <= SM120_SHARED_MEMORY, f"{r['config']} {r['kernel']} {r['variant']}: {r['shared']} B"
+        assert r["stack"] == 0 and r["local"] == 0, f"{r['config']} {r['kernel']} {r['variant']} spills"
+
+
+def test_every_config_a_target_can_choose_fits_it(fit_report):
+    bad = [r for r in fit_report if r["must_fit"] and not r["fits"]]
+    assert not bad, bad

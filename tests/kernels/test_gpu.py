@@ -1,0 +1,128 @@
+"""GPU-only checks: realistic sizes, CUDA-graph replay with new contents, no host sync.
+
+Marked `gpu`; `make test` deselects them on machines without CUDA and
+`make test-gpu` runs them (see kernels/README.md for the command and last result).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ddtree_kernels as dk
+from ddtree_kernels import masks, reference
+from ddtree_kernels.launcher import plan_verify, reserve_workspace
+
+from .cases import assert_close, make_case
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run with make test-gpu)"),
+]
+FP8 = torch.float8_e4m3fn
+
+LARGE = [
+    # (prefix lengths, draft lengths, heads, options)
+    ([185_000], [9], 8, {}),  # GLM-5 at TP 8
+    ([185_000], [9], 16, {"kv_dtype": FP8}),
+    ([185_000], [33], 16, {}),
+    ([131_072, 3], [65, 1], 8, {"kv_dtype": FP8}),
+    ([65_536] * 4, [9] * 4, 16, {}),
+    ([32_768] * 8, [9] * 8, 16, {"slots": "contiguous"}),
+    ([40_000, 0, 7, 100_003], [9, 9, 1, 17], 64, {}),  # data-parallel attention: all 64 heads
+    ([185_000], [1], 8, {"kv_dtype": FP8}),  # plain decode through the same kernels
+]
+
+
+@pytest.mark.parametrize("prefix,draft,heads,opts", LARGE, ids=lambda x: str(x)[:40])
+def test_large_cases_match_reference(prefix, draft, heads, opts):
+    case = make_case(prefix, draft, heads, "cuda", **opts)
+    out = torch.full((case.q.shape[0], heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    assert dk.sglang_verify_fwd(
+        case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr,
+        case.kv_indices, case.custom_mask, True, case.mask_indptr, case.max_draft,
+        case.k_scale, case.v_scale, case.sm_scale,
+    )
+    torch.cuda.synchronize()
+    assert_close(out, case.reference()[0], case)
+
+
+def test_no_host_synchronisation():
+    case = make_case([20_000, 333], [9, 9], 8, "cuda", kv_dtype=FP8)
+    out = torch.empty((18, 8, 512), dtype=torch.bfloat16, device="cuda")
+    scale = torch.tensor(case.k_scale, device="cuda")
+    args = (case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr,
+            case.kv_indices, case.custom_mask, True, case.mask_indptr, 9, scale, scale, case.sm_scale)
+    assert dk.sglang_verify_fwd(*args)  # compile outside the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        assert dk.sglang_verify_fwd(*args)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert_close(out, case.reference()[0], case)
+
+
+def test_cuda_graph_replay_with_new_contents():
+    """Capture once at the largest shape; replay with new prefixes, trees, slots and values."""
+    bs, n, H, d_qk, d_v = 3, 17, 8, 576, 512
+    max_prefix, pool = 50_000, 200_000
+    T = bs * n
+    gen = torch.Generator().manual_seed(int(torch.seed() % 2**31))
+    static = dict(
+        q=torch.empty(T, H, d_qk, dtype=torch.bfloat16, device="cuda"),
+        k_draft=torch.empty(T, 1, d_qk, dtype=torch.bfloat16, device="cuda"),
+        v_draft=torch.empty(T, 1, d_v, dtype=torch.bfloat16, device="cuda"),
+        out=torch.empty(T, H, d_v, dtype=torch.bfloat16, device="cuda"),
+        qo=torch.empty(bs + 1, dtype=torch.int32, device="cuda"),
+        kv=torch.empty(bs + 1, dtype=torch.int32, device="cuda"),
+        kv_indices=torch.empty(bs * max_prefix, dtype=torch.int64, device="cuda"),
+        mask=torch.empty(bs * n * (max_prefix + n), dtype=torch.bool, device="cuda"),
+        mask_indptr=torch.empty(bs + 1, dtype=torch.int64, device="cuda"),
+    )
+    k_cache = torch.randn(pool, 1, d_qk, generator=gen).to(torch.bfloat16).cuda()
+
+    def fill(prefix_lens):
+        qo = torch.arange(bs + 1, dtype=torch.int32) * n
+        kv = torch.zeros(bs + 1, dtype=torch.int32)
+        kv[1:] = torch.cumsum(torch.tensor(prefix_lens), 0)
+        vis = masks.parents_to_visibility(masks.random_parents([n] * bs, gen), qo, n)
+        flat, mask_indptr = masks.visibility_to_sglang_flat(vis, qo, kv)
+        slots = torch.randperm(pool, generator=gen)[: int(kv[-1])]
+        static["q"].copy_(torch.randn(T, H, d_qk, generator=gen).to(torch.bfloat16))
+        static["k_draft"].copy_(torch.randn(T, 1, d_qk, generator=gen).to(torch.bfloat16))
+        static["v_draft"].copy_(torch.randn(T, 1, d_v, generator=gen).to(torch.bfloat16))
+        static["qo"].copy_(qo)
+        static["kv"].copy_(kv)
+        static["kv_indices"][: slots.numel()].copy_(slots)
+        static["mask"][: flat.numel()].copy_(flat)
+        static["mask_indptr"].copy_(mask_indptr)
+        static["out"].fill_(float("nan"))
+        return vis
+
+    def call():
+        return dk.sglang_verify_fwd(
+            static["q"], static["k_draft"], static["v_draft"], static["out"], k_cache, k_cache[..., :d_v],
+            static["qo"], static["kv"], static["kv_indices"], static["mask"], True, static["mask_indptr"], n,
+            1.0, 1.0, 1 / 16,
+        )
+
+    plan = plan_verify(bs, H, n, T, "cuda")
+    reserve_workspace(plan.total_rows, plan.num_parts, d_v, "cuda")
+    fill([max_prefix] * bs)
+    assert call()  # warm-up compiles outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for prefix_lens in ([max_prefix, 1, 12_345], [0, 49_999, 777], [31, 32, 33]):
+        vis = fill(prefix_lens)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _ = reference.tree_verify_reference(
+            static["q"], k_cache, k_cache[..., :d_v], static["kv"], static["kv_indices"], static["k_draft"],
+            static["v_draft"], static["qo"], vis, 1 / 16, d_v=d_v,
+        )
+        got = static["out"].double().cpu()
+        assert torch.isfinite(got).all(), f"unwritten rows after replay with prefixes {prefix_lens}"
+        err = ((got - ref).norm() / ref.norm()).item()
+        assert err < 1e-2, f"replay with prefixes {prefix_lens}: relative error {err:.3e}"
