@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 PYTEST_ARGS ?=
 
-.PHONY: help setup test test-gpu lint fit wheel clean
+.PHONY: help setup test test-gpu lint fit wheel clean bench-kernels sglang-wheel
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -32,6 +32,17 @@ test: setup lint  ## lint + every test that runs without a GPU (pytest exit 5, n
 GPU_PYTHON ?= python3
 test-gpu:  ## on a CUDA machine's own python (torch + triton): every kernel test, realistic sizes included
 	PYTHONPATH=kernels $(GPU_PYTHON) -m pytest tests/kernels -v -p no:cacheprovider $(PYTEST_ARGS)
+
+SGLANG_VERSION ?= 0.5.23
+SGLANG_WHEEL ?= $(firstword $(wildcard .cache/wheels/sglang-$(SGLANG_VERSION)-*.whl))
+BENCH_OUT ?= bench-out
+bench-kernels:  ## on a CUDA machine: the side-by-side kernel benchmark (BENCHMARKS.md); SGLANG_WHEEL=path
+	@test -n "$(SGLANG_WHEEL)" || { echo "no SGLang wheel: run 'make sglang-wheel' (needs the package index) or pass SGLANG_WHEEL=path"; exit 2; }
+	PYTHONPATH=kernels $(GPU_PYTHON) -m ddtree_kernels.bench --sglang-wheel $(SGLANG_WHEEL) --out $(BENCH_OUT)
+
+sglang-wheel: setup  ## download the pinned SGLang wheel (no dependencies) into .cache/wheels
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: sglang==$(SGLANG_VERSION) -d .cache/wheels
+	@ls .cache/wheels/sglang-$(SGLANG_VERSION)-*.whl
 
 fit: setup  ## compile every kernel config for sm_120 and sm_90 offline, print the resource table
 	$(PY) -m ddtree_kernels.fit

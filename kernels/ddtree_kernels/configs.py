@@ -33,21 +33,22 @@ class VerifyConfig:
     prefix_fp8: TileConfig  # fp8 cache: the widened tiles need more registers
     prefix_split_v: TileConfig  # values in a separate buffer: two tiles in shared memory
     tree: TileConfig
-    merge_block_d: int = 512  # output columns a merge program owns
-    merge_block_s: int = 16  # parts a merge loop iteration reads
-    merge_num_warps: int = 8
+    merge_block_d: int = 64  # output columns a merge program owns (more programs: the merge is latency-bound)
+    merge_block_s: int = 32  # parts a merge loop iteration reads
+    merge_num_warps: int = 4
     ctas_per_sm: int = 2  # prefix programs to aim for, per SM, when choosing the split count
-    max_splits: int = 128
-    min_chunk: int = 256  # fewest prefix keys a split takes (short prefixes use fewer splits)
+    max_splits: int = 512
+    min_chunk: int = 512  # fewest prefix keys a split takes (short prefixes use fewer splits)
 
 
-# 32 rows x 32 keys, 8 warps, 2 stages: 75,776 bytes of shared memory, 174 registers, no
-# spills on sm_120 (the fit test); on sm_90 Triton uses the same mma.sync path at 32 rows.
-# fp8 at 32 keys spills (255 registers) and a separate V tile needs 108,544 bytes: both
-# take 16-key tiles.
+# Measured on an H200 with CUDA-graph timing (BENCHMARKS.md, scratch sweeps summarised in
+# kernels/README.md): 16-row x 32-key tiles with 4 warps and 3 stages beat 32-row tiles at
+# every verify shape tried (32-row tiles either spill at 4 warps or re-read operands from
+# shared memory at 8), and fit sm_120 (56,832 bytes, no spills). fp8 tiles are widened in
+# registers and need 8 warps to stay spill-free; a separate V tile needs 16-key tiles to fit.
 PORTABLE = VerifyConfig(
-    prefix=TileConfig(block_m=32, block_n=32, num_warps=8, num_stages=2),
-    prefix_fp8=TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=2),
+    prefix=TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=3),
+    prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=8, num_stages=3),
     prefix_split_v=TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=2),
     tree=TileConfig(block_m=32, block_n=32, num_warps=8, num_stages=1),
 )

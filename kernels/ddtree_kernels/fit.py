@@ -31,7 +31,7 @@ TARGETS = ((12, 0), (9, 0))
 _PREFIX_SIG = dict(
     Q="*bf16", K_buf="*KV", V_buf="*KV", kv_indices="*i64", qo_indptr="*i32", kv_indptr="*i32",
     O_part="*fp32", LSE_part="*fp32", k_scale="fp32", v_scale="fp32", qk_scale_log2="fp32",
-    stride_qt="i32", stride_qh="i32", stride_ks="i32", stride_vs="i32",
+    min_chunk="i32", stride_qt="i32", stride_qh="i32", stride_ks="i32", stride_vs="i32",
     stride_or="i32", stride_op="i32", stride_lr="i32",
 )
 _TREE_SIG = dict(
@@ -81,8 +81,8 @@ def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int]]
                              ("fp8e4nv", False, conf.prefix_fp8), ("bf16", False, conf.prefix_split_v)):
         sig = {k: (kv if v == "*KV" else v) for k, v in _PREFIX_SIG.items()}
         sig = {k: ("*" + kv if v == kv else v) for k, v in sig.items()}
-        const = dict(dims, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n, MIN_CHUNK=conf.min_chunk,
-                     V_FROM_K=v_from_k, SCALE_FROM_PTR=False, DOT_FP32=False)
+        const = dict(dims, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n,
+                     V_FROM_K=v_from_k, SCALE_FROM_PTR=False, WIDEN_TO_FP16=kv != "bf16", DOT_FP32=False)
         out.append(("prefix", f"kv={kv},v_from_k={v_from_k}", sig, const, pc.num_warps, pc.num_stages))
     for mode, name in ((1, "sglang_flat"), (0, "chain"), (2, "compact")):
         const = dict(dims, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, MASK_MODE=mode, DOT_FP32=False)

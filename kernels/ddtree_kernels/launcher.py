@@ -184,11 +184,12 @@ def run_verify(
     prefix_split_kernel[(plan.row_blocks(pc.block_m), plan.num_splits, plan.batch_size)](
         q, k_buf, v_buf, kv_indices, qo_indptr, kv_indptr,
         o_part, lse_part,
-        k_s, v_s, qk_scale_log2,
+        k_s, v_s, qk_scale_log2, conf.min_chunk,
         q.stride(0), q.stride(1), k_buf.stride(0), v_buf.stride(0),
         *part_strides,
-        **dims, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n, MIN_CHUNK=conf.min_chunk,
-        V_FROM_K=v_from_k, SCALE_FROM_PTR=scale_from_ptr, DOT_FP32=dot_fp32,
+        **dims, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n,
+        V_FROM_K=v_from_k, SCALE_FROM_PTR=scale_from_ptr, WIDEN_TO_FP16=k_buf.dtype == torch.float8_e4m3fn,
+        DOT_FP32=dot_fp32,
         num_warps=pc.num_warps, num_stages=pc.num_stages,
     )
 

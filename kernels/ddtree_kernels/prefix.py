@@ -30,13 +30,13 @@ def load_scale(scale, SCALE_FROM_PTR: tl.constexpr):
 def prefix_split_kernel(
     Q, K_buf, V_buf, kv_indices, qo_indptr, kv_indptr,
     O_part, LSE_part,
-    k_scale, v_scale, qk_scale_log2,
+    k_scale, v_scale, qk_scale_log2, min_chunk,
     stride_qt, stride_qh, stride_ks, stride_vs,
     stride_or, stride_op, stride_lr,
     H: tl.constexpr, D_V: tl.constexpr, D_R: tl.constexpr,
     BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr,
-    V_FROM_K: tl.constexpr, SCALE_FROM_PTR: tl.constexpr, DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    V_FROM_K: tl.constexpr, SCALE_FROM_PTR: tl.constexpr, WIDEN_TO_FP16: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     row_block = tl.program_id(0)
     split = tl.program_id(1)
@@ -50,9 +50,9 @@ def prefix_split_kernel(
     kv_start = tl.load(kv_indptr + req).to(tl.int64)
     prefix_len = (tl.load(kv_indptr + req + 1).to(tl.int64) - kv_start).to(tl.int32)
 
-    # Chunk bounds: equal chunks, whole key tiles, at least MIN_CHUNK keys so short
+    # Chunk bounds: equal chunks, whole key tiles, at least min_chunk keys so short
     # prefixes use fewer programs instead of many near-empty ones.
-    chunk = tl.maximum(tl.cdiv(prefix_len, num_splits), MIN_CHUNK)
+    chunk = tl.maximum(tl.cdiv(prefix_len, num_splits), min_chunk)
     chunk = tl.cdiv(chunk, BLOCK_N) * BLOCK_N
     lo = split * chunk
     hi = tl.minimum(lo + chunk, prefix_len)
@@ -71,6 +71,11 @@ def prefix_split_kernel(
     q_ptrs = Q + (q_start + offs_m // H).to(tl.int64) * stride_qt + (offs_m % H) * stride_qh
     q_nope = tl.load(q_ptrs[:, None] + offs_dv[None, :], mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
     q_rope = tl.load(q_ptrs[:, None] + D_V + offs_dr[None, :], mask=row_ok[:, None] & dr_ok[None, :], other=0.0)
+    if WIDEN_TO_FP16:
+        # fp8 -> fp16 is one native convert (sm_89+); fp8 -> bf16 takes several. The dots
+        # then run in fp16, with fp32 accumulation.
+        q_nope = q_nope.to(tl.float16)
+        q_rope = q_rope.to(tl.float16)
 
     qk_scale = qk_scale_log2 * load_scale(k_scale, SCALE_FROM_PTR)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)

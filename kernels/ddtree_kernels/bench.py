@@ -1,0 +1,397 @@
+"""Side-by-side benchmark of tree-verify attention on one GPU (DESIGN.md §2, benchmark rules).
+
+    python -m ddtree_kernels.bench --sglang-wheel sglang-0.5.23-...whl --out results/
+    make bench-kernels SGLANG_WHEEL=...                       # the same
+
+One run measures the copy and bf16-matmul ceilings, then per case: this kernel (eager
+and inside a replayed CUDA graph), SGLang's extend_attention_fwd with the same tree mask
+(the path DDTree uses today), SGLang's chain-only verify_shared_kv_fwd where it runs,
+and a torch gather + matmul. Random data, random slots (page_size 1), several KV pools
+rotated so L2 (50 MB on an H200) never holds the working set, medians of device-event
+timings after warm-up. Every case also checks our output against SGLang's and against
+the float64 reference. Writes bench.json, bench.md and bench.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import triton
+
+from . import masks, reference
+from .launcher import Workspace, plan_verify, run_verify
+from .tree import MASK_COMPACT
+
+D_QK, D_V = 576, 512
+
+
+@dataclass(frozen=True)
+class Case:
+    bs: int
+    L: int
+    H: int
+    n: int
+    fp8: bool = False
+    slots: str = "scattered"  # or "contiguous"
+
+    @property
+    def label(self) -> str:
+        extra = (" fp8" if self.fp8 else "") + (" contiguous" if self.slots != "scattered" else "")
+        return f"bs{self.bs} L{self.L} H{self.H} n{self.n}{extra}"
+
+    def kv_bytes(self) -> int:
+        return self.bs * self.L * D_QK * (1 if self.fp8 else 2)
+
+    def flops(self) -> int:
+        return 2 * self.bs * self.n * self.H * self.L * (D_QK + D_V)
+
+
+FULL = [
+    *(Case(1, L, 8, 9) for L in (8192, 32768, 65536, 131072, 185000)),
+    Case(1, 185000, 8, 9, slots="contiguous"),
+    Case(1, 65536, 8, 9, slots="contiguous"),
+    *(Case(1, L, 16, 9) for L in (8192, 65536, 185000)),
+    Case(1, 185000, 8, 33),
+    Case(1, 65536, 16, 33),
+    Case(1, 185000, 16, 33),
+    Case(1, 65536, 8, 17),
+    Case(1, 65536, 8, 65),
+    Case(4, 65536, 8, 9),
+    Case(4, 185000, 16, 9),
+    Case(8, 32768, 16, 9),
+    Case(8, 65536, 8, 9),
+    Case(1, 65536, 64, 9),
+    Case(1, 185000, 8, 9, fp8=True),
+    Case(1, 65536, 16, 9, fp8=True),
+    Case(1, 185000, 8, 1),
+    Case(1, 185000, 8, 1, fp8=True),
+    Case(4, 185000, 8, 1),
+]
+QUICK = [Case(1, 8192, 8, 9), Case(1, 65536, 8, 9), Case(1, 185000, 8, 1)]
+
+
+@dataclass
+class Row:
+    case: dict
+    floor_us: float
+    ours_us: float = math.nan
+    ours_graph_us: float = math.nan
+    sglang_extend_us: float = math.nan
+    sglang_chain_us: float = math.nan
+    torch_us: float = math.nan
+    err_vs_sglang: float = math.nan
+    err_vs_reference: float = math.nan
+    notes: list[str] = field(default_factory=list)
+
+
+def ceilings(device: str) -> tuple[float, float]:
+    """(copy GB/s counting read + write, bf16 matmul TFLOP/s), measured now."""
+    x = torch.empty(1 << 30, dtype=torch.bfloat16, device=device)
+    y = torch.empty_like(x)
+    t = triton.testing.do_bench(lambda: y.copy_(x), warmup=50, rep=300, return_mode="median")
+    copy = 2 * x.numel() * 2 / t / 1e6
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
+    b = torch.randn_like(a)
+    t = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=300, return_mode="median")
+    return copy, 2 * 8192**3 / t / 1e9
+
+
+class Problem:
+    """One case's inputs: shared queries and tree, several KV pools to rotate through."""
+
+    def __init__(self, case: Case, device: str, l2_bytes: int = 50 << 20):
+        self.case = case
+        bs, L, H, n = case.bs, case.L, case.H, case.n
+        T, S = bs * n, bs * L + 4096
+        self.qo = (torch.arange(bs + 1, dtype=torch.int32) * n).to(device)
+        self.kv = (torch.arange(bs + 1, dtype=torch.int32) * L).to(device)
+        pool_bytes = S * D_QK * (1 if case.fp8 else 2)
+        self.pools = []
+        for _ in range(max(2, min(8, math.ceil(4 * l2_bytes / pool_bytes)))):
+            k = torch.randn(S, 1, D_QK, device=device)
+            k = (k / 0.5).to(torch.float8_e4m3fn) if case.fp8 else k.to(torch.bfloat16)
+            idx = (
+                torch.randperm(S, device=device)[: bs * L]
+                if case.slots == "scattered"
+                else torch.arange(bs * L, device=device) + 64
+            )
+            self.pools.append((k, idx))
+        self.k_scale = 0.5 if case.fp8 else 1.0
+        self.q = torch.randn(T, H, D_QK, device=device, dtype=torch.bfloat16)
+        self.k_tree = torch.randn(T, 1, D_QK, device=device, dtype=torch.bfloat16)
+        self.v_tree = torch.randn(T, 1, D_V, device=device, dtype=torch.bfloat16)
+        self.vis = masks.parents_to_visibility(masks.random_parents([n] * bs), self.qo.cpu(), n).to(device)
+        flat, self.mask_indptr = masks.visibility_to_sglang_flat(self.vis, self.qo, self.kv)
+        self.flat_mask = flat
+        self.turn = 0
+
+    def next_pool(self):
+        self.turn += 1
+        return self.pools[self.turn % len(self.pools)]
+
+    def sglang_args(self, pool, out, tree: bool = True) -> tuple:
+        k, idx = pool
+        return (
+            self.q,
+            self.k_tree,
+            self.v_tree,
+            out,
+            k,
+            k[..., :D_V],
+            self.qo,
+            self.kv,
+            idx,
+            self.flat_mask if tree else None,
+            True,
+            self.mask_indptr if tree else None,
+            self.case.n,
+            self.k_scale,
+            self.k_scale,
+            1 / 16,
+        )
+
+
+def _time(fn, rep_ms: int = 200) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median") * 1e3
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def measure(case: Case, device: str, copy: float, mm: float, sgl: dict | None) -> Row:
+    p = Problem(case, device)
+    row = Row(case=asdict(case), floor_us=max(case.kv_bytes() / copy / 1e3, case.flops() / mm / 1e6))
+    T = case.bs * case.n
+    out = torch.empty(T, case.H, D_V, dtype=torch.bfloat16, device=device)
+    plan = plan_verify(case.bs, case.H, case.n, T, device)
+    ws = Workspace.for_plan(plan, device)
+
+    def ours(pool=None):
+        k, idx = pool or p.next_pool()
+        run_verify(
+            plan,
+            ws,
+            p.q,
+            k,
+            k[..., :D_V],
+            p.kv,
+            idx,
+            p.k_tree,
+            p.v_tree,
+            p.qo,
+            out,
+            mask_mode=MASK_COMPACT,
+            mask=p.vis.view(torch.uint8),
+            mask_indptr=None,
+            mask_row_stride=case.n,
+            sm_scale=1 / 16,
+            k_scale=p.k_scale,
+            v_scale=p.k_scale,
+        )
+
+    ours(p.pools[0])
+    torch.cuda.synchronize()
+    row.ours_us = _time(ours)
+    graphs = []
+    for pool in p.pools:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            ours(pool)
+        graphs.append(g)
+    turn = iter(range(1 << 62))
+    row.ours_graph_us = _time(lambda: graphs[next(turn) % len(graphs)].replay())
+
+    ours(p.pools[0])
+    ref_pool = p.pools[0]
+    if case.bs * case.L <= 400_000:
+        ref, _ = reference.tree_verify_reference(
+            p.q,
+            ref_pool[0],
+            ref_pool[0][..., :D_V],
+            p.kv,
+            ref_pool[1],
+            p.k_tree,
+            p.v_tree,
+            p.qo,
+            p.vis,
+            1 / 16,
+            p.k_scale,
+            p.k_scale,
+            d_v=D_V,
+        )
+        row.err_vs_reference = _rel(out.cpu(), ref)
+    if sgl is not None:
+        theirs = torch.empty_like(out)
+        sgl["extend_attention"].extend_attention_fwd(*p.sglang_args(ref_pool, theirs))
+        row.err_vs_sglang = _rel(out, theirs)
+        row.sglang_extend_us = _time(
+            lambda: sgl["extend_attention"].extend_attention_fwd(*p.sglang_args(p.next_pool(), theirs)), rep_ms=100
+        )
+        chain = sgl.get("verify_mla")
+        if chain is not None:
+            try:
+                if chain.verify_shared_kv_fwd(*p.sglang_args(ref_pool, theirs, tree=False), max_bs=case.bs):
+                    row.sglang_chain_us = _time(
+                        lambda: chain.verify_shared_kv_fwd(
+                            *p.sglang_args(p.next_pool(), theirs, tree=False), max_bs=case.bs
+                        )
+                    )
+                else:
+                    row.notes.append("chain split-KV declined")
+            except Exception as exc:  # e.g. out of shared memory at n = 33
+                row.notes.append(f"chain split-KV: {type(exc).__name__}: {str(exc)[:60]}")
+    if case.bs == 1 and not case.fp8:
+        row.torch_us = _time(lambda: _torch_gather_matmul(p, p.next_pool()), rep_ms=100)
+    return row  # the pools are freed with `p` here; the caller empties the cache
+
+
+def _torch_gather_matmul(p: Problem, pool) -> torch.Tensor:
+    """The plain-torch way: gather the prefix, one masked softmax over prefix + tree."""
+    k, idx = pool
+    keys = torch.cat([k[idx, 0], p.k_tree[:, 0]])  # [L + n, 576]
+    scores = torch.einsum("thd,kd->thk", p.q, keys).float() * (1 / 16)
+    L = idx.numel()
+    scores[:, :, L:] = scores[:, :, L:].masked_fill(~p.vis[:, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(torch.bfloat16)
+    return torch.einsum("thk,kd->thd", probs, torch.cat([k[idx, 0, :D_V], p.v_tree[:, 0]]))
+
+
+def derived(row: Row, copy: float) -> dict:
+    c = Case(**row.case)
+    t = row.ours_graph_us
+    return dict(
+        gbs=c.kv_bytes() / t / 1e3,
+        tflops=c.flops() / t / 1e6,
+        efficiency=row.floor_us / t,
+        speedup_vs_sglang=row.sglang_extend_us / t,
+    )
+
+
+def markdown(rows: list[Row], meta: dict) -> str:
+    lines = [
+        f"GPU: {meta['device']}; torch {meta['torch']}, Triton {meta['triton']}; SGLang kernels from "
+        f"{meta['sglang_wheel'] or '(not measured)'}. Copy ceiling {meta['copy_gbs']:.0f} GB/s, bf16 matmul "
+        f"{meta['matmul_tflops']:.0f} TFLOP/s. Times in µs (median, device events); "
+        "'ours (graph)' is one call inside a replayed CUDA graph.",
+        "",
+        "| case | floor | ours (graph) | ours (eager) | GB/s | TFLOP/s | efficiency | SGLang extend (tree) "
+        "| speed-up | SGLang split-KV (chain only) | torch gather+matmul | err vs SGLang | err vs fp64 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        d = derived(r, meta["copy_gbs"])
+
+        def f(x, fmt="{:.1f}"):
+            return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+
+        lines.append(
+            f"| {Case(**r.case).label} | {f(r.floor_us)} | {f(r.ours_graph_us)} | {f(r.ours_us)} "
+            f"| {f(d['gbs'], '{:.0f}')} "
+            f"| {f(d['tflops'], '{:.0f}')} | {f(100 * d['efficiency'], '{:.0f}%')} | {f(r.sglang_extend_us, '{:.0f}')} "
+            f"| {f(d['speedup_vs_sglang'], '{:.0f}×')} | {f(r.sglang_chain_us, '{:.0f}')} | {f(r.torch_us, '{:.0f}')} "
+            f"| {f(r.err_vs_sglang, '{:.1e}')} | {f(r.err_vs_reference, '{:.1e}')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[Row], path: Path, copy: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    series = {
+        "GLM-5 verify (bs1 H8 n9), ours": lambda c: (
+            c.bs == 1 and c.H == 8 and c.n == 9 and not c.fp8 and c.slots == "scattered"
+        ),
+        "bs1 H16 n9, ours": lambda c: c.bs == 1 and c.H == 16 and c.n == 9 and not c.fp8,
+    }
+    for name, pick in series.items():
+        pts = sorted((Case(**r.case).L, r) for r in rows if pick(Case(**r.case)))
+        if not pts:
+            continue
+        Ls = [L for L, _ in pts]
+        ax_t.plot(Ls, [r.ours_graph_us for _, r in pts], "o-", label=name)
+        ax_b.plot(Ls, [derived(r, copy)["gbs"] for _, r in pts], "o-", label=name)
+        if "GLM-5" in name:
+            ax_t.plot(
+                Ls, [r.sglang_extend_us for _, r in pts], "s--", label="GLM-5 verify, SGLang extend_attention_fwd"
+            )
+            ax_t.plot(Ls, [r.floor_us for _, r in pts], ":", label="floor (copy / matmul ceiling)")
+            ax_b.plot(
+                Ls,
+                [derived(r, copy)["gbs"] * r.ours_graph_us / r.sglang_extend_us for _, r in pts],
+                "s--",
+                label="GLM-5 verify, SGLang extend_attention_fwd",
+            )
+    ax_b.axhline(copy, ls=":", color="gray", label=f"copy ceiling {copy:.0f} GB/s")
+    ax_t.set(xscale="log", yscale="log", xlabel="prefix length L (tokens)", ylabel="µs per call (one layer)")
+    ax_b.set(xscale="log", yscale="log", xlabel="prefix length L (tokens)", ylabel="KV GB/s")
+    for ax in (ax_t, ax_b):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Tree-verify attention, page_size 1, bf16 KV")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sglang-wheel", help="SGLang release wheel to take the baseline kernels from")
+    ap.add_argument("--out", default="bench-out", help="folder for bench.json, bench.md, bench.png")
+    ap.add_argument("--quick", action="store_true", help="three small cases (a smoke run)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("the benchmark needs a CUDA GPU", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sgl = None
+    if args.sglang_wheel:
+        from .sglang_wheel import load_sglang_attention
+
+        sgl = load_sglang_attention(args.sglang_wheel)
+    device = "cuda"
+    copy, mm = ceilings(device)
+    meta = dict(
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        sglang_wheel=Path(args.sglang_wheel).name if args.sglang_wheel else None,
+        copy_gbs=copy,
+        matmul_tflops=mm,
+        date=time.strftime("%Y-%m-%d"),
+    )
+    print(f"{meta['device']}: copy {copy:.0f} GB/s, matmul {mm:.0f} TFLOP/s", flush=True)
+    rows = []
+    cases = QUICK if args.quick else FULL
+    for i, case in enumerate(cases, 1):
+        row = measure(case, device, copy, mm, sgl)
+        torch.cuda.empty_cache()
+        rows.append(row)
+        d = derived(row, copy)
+        print(
+            f"[{i}/{len(cases)}] {case.label:28} ours {row.ours_graph_us:8.1f} µs ({d['gbs']:5.0f} GB/s, "
+            f"{100 * d['efficiency']:3.0f}% of floor {row.floor_us:.1f}) sglang {row.sglang_extend_us:9.0f} µs "
+            f"err {row.err_vs_sglang:.1e} / {row.err_vs_reference:.1e}",
+            flush=True,
+        )
+        (out / "bench.json").write_text(json.dumps(dict(meta=meta, rows=[asdict(r) for r in rows]), indent=1))
+    (out / "bench.md").write_text(markdown(rows, meta))
+    plot(rows, out / "bench.png", copy)
+    print(markdown(rows, meta))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Time prefix-tile configurations against verify shapes, inside replayed CUDA graphs.
+
+    python -m ddtree_kernels.sweep --tile 16x32x4x3 --tile 32x32x4x3 --case 1,185000,8,9 --case 1,185000,8,1
+    python -m ddtree_kernels.sweep --tile 16x32x8x3 --case 1,185000,8,9 --fp8
+
+A tile is BLOCK_M x BLOCK_N x warps x stages; a case is bs,L,H,n. This is how the
+shipped configs in configs.py were chosen (kernels/README.md, "Tuning notes").
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import torch
+import triton
+
+from .bench import Case, Problem, ceilings
+from .configs import PORTABLE, TileConfig
+from .launcher import Workspace, plan_verify, run_verify
+from .tree import MASK_COMPACT
+
+
+def time_config(case: Case, tile: TileConfig, device: str = "cuda") -> tuple[float, int]:
+    """Median µs of one verify call in a replayed CUDA graph (pools rotated), and the split count."""
+    cfg = dataclasses.replace(PORTABLE, prefix=tile, prefix_fp8=tile)
+    p = Problem(case, device)
+    T = case.bs * case.n
+    plan = plan_verify(case.bs, case.H, case.n, T, device, config=cfg)
+    ws = Workspace.for_plan(plan, device)
+    out = torch.empty(T, case.H, 512, dtype=torch.bfloat16, device=device)
+    graphs = []
+    for k, idx in p.pools:
+
+        def call(k=k, idx=idx):
+            run_verify(plan, ws, p.q, k, k[..., :512], p.kv, idx, p.k_tree, p.v_tree, p.qo, out,
+                       mask_mode=MASK_COMPACT, mask=p.vis.view(torch.uint8), mask_indptr=None,
+                       mask_row_stride=case.n, sm_scale=1 / 16, k_scale=p.k_scale, v_scale=p.k_scale)
+
+        call()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            call()
+        graphs.append(g)
+    turn = iter(range(1 << 62))
+    us = triton.testing.do_bench(lambda: graphs[next(turn) % len(graphs)].replay(), warmup=25, rep=200,
+                                 return_mode="median") * 1e3
+    return us, plan.num_splits
+
+
+def _tile(text: str) -> TileConfig:
+    m, n, w, s = (int(x) for x in text.lower().split("x"))
+    return TileConfig(m, n, w, s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tile", action="append", type=_tile, required=True, help="MxNxWARPSxSTAGES")
+    ap.add_argument("--case", action="append", required=True, help="bs,L,H,n")
+    ap.add_argument("--fp8", action="store_true", help="fp8_e4m3 KV cache")
+    args = ap.parse_args(argv)
+    copy, mm = ceilings("cuda")
+    print(f"{torch.cuda.get_device_name()}: copy {copy:.0f} GB/s, matmul {mm:.0f} TFLOP/s, Triton {triton.__version__}")
+    for spec in args.case:
+        case = Case(*(int(x) for x in spec.split(",")), fp8=args.fp8)
+        floor = max(case.kv_bytes() / copy / 1e3, case.flops() / mm / 1e6)
+        for tile in args.tile:
+            try:
+                us, splits = time_config(case, tile)
+                print(f"{case.label:26} {tile.block_m}x{tile.block_n}x{tile.num_warps}x{tile.num_stages:<3} "
+                      f"{us:9.1f} µs  {case.kv_bytes() / us / 1e3:6.0f} GB/s  {floor / us:5.1%} of floor  "
+                      f"splits {splits}", flush=True)
+            except Exception as exc:  # a tile that does not compile or fit is a result, not a crash
+                print(f"{case.label:26} {tile}: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}")
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""Our kernel against SGLang's own extend_attention_fwd (the path DDTree verify uses today).
+
+SGLang's kernel is loaded from the real 0.5.23 wheel (ddtree_kernels.sglang_wheel) and
+run on the same inputs. Under the interpreter it gets fp32 copies (a bf16 tl.dot is
+wrong there); the values are the same bf16-representable numbers ours sees.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ddtree_kernels as dk
+from ddtree_kernels.sglang_wheel import load_sglang_attention
+
+from ..sglang_wheels import sglang_wheel
+from .cases import make_case
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(scope="module")
+def sglang_extend():
+    return load_sglang_attention(sglang_wheel("0.5.23"))["extend_attention"].extend_attention_fwd
+
+
+@pytest.mark.parametrize("tree", ["random", "chain"])
+def test_matches_sglang_extend_attention(sglang_extend, tree):
+    case = make_case([300, 17, 0], [9, 4, 9], 2, DEVICE, tree=tree)
+    ours = torch.full((22, 2, 512), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    assert dk.sglang_verify_fwd(
+        case.q, case.k_draft, case.v_draft, ours, case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr,
+        case.kv_indices, case.custom_mask, True, case.mask_indptr, case.max_draft, 1.0, 1.0, case.sm_scale,
+    )
+    theirs = torch.zeros(22, 2, 512, dtype=torch.float32, device=DEVICE)
+    sglang_extend(
+        case.q.float(), case.k_draft.float(), case.v_draft.float(), theirs, case.k_cache.float(),
+        case.v_cache.float(), case.qo_indptr, case.kv_indptr, case.kv_indices, case.custom_mask, True,
+        case.mask_indptr, case.max_draft, 1.0, 1.0, case.sm_scale,
+    )
+    ref, _ = case.reference()
+    assert ((theirs.double().cpu() - ref).norm() / ref.norm()).item() < 1e-4  # SGLang in fp32 is the definition
+    err = ((ours.double().cpu() - theirs.double().cpu()).norm() / theirs.double().cpu().norm()).item()
+    assert err < 1e-2, f"ours vs SGLang: {err:.3e} (seed {case.seed})"
