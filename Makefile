@@ -7,18 +7,19 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 PYTEST_ARGS ?=
 
-.PHONY: help setup test test-gpu lint fit wheel clean bench-kernels sglang-wheel
+.PHONY: help setup test test-gpu lint fit wheel clean bench-kernels sglang-wheel release-job
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-setup: $(BIN)/.installed  ## create .venv with the dev tools and ddtree_kernels (editable)
+setup: $(BIN)/.installed  ## create .venv with the dev tools, ddtree_kernels and ddtree-ops (editable)
 
 $(BIN)/.installed: pyproject.toml kernels/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=25.1"
 	$(PY) -m pip install --quiet --group dev
 	$(PY) -m pip install --quiet --no-deps -e kernels
+	$(PY) -m pip install --quiet -e .
 	@touch $@
 	@echo "setup done: $(VENV) ($$($(PY) -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'))"
 
@@ -43,6 +44,10 @@ bench-kernels:  ## on a CUDA machine: the side-by-side kernel benchmark (BENCHMA
 sglang-wheel: setup  ## download the pinned SGLang wheel (no dependencies) into .cache/wheels
 	$(PY) -m pip download --quiet --no-deps --only-binary=:all: sglang==$(SGLANG_VERSION) -d .cache/wheels
 	@ls .cache/wheels/sglang-$(SGLANG_VERSION)-*.whl
+
+RELEASE_OUT ?= release-report
+release-job: setup  ## apply patches/ to every SGLang release on PyPI since 0.5.14; writes $(RELEASE_OUT)/matrix.{json,md}
+	$(BIN)/ddtree-ops release-job --out $(RELEASE_OUT) $(if $(VERSIONS),--versions $(VERSIONS))
 
 fit: setup  ## compile every kernel config for sm_120 and sm_90 offline, print the resource table
 	$(PY) -m ddtree_kernels.fit

@@ -12,8 +12,8 @@ import torch
 
 import ddtree_kernels as dk
 from ddtree_kernels.sglang_wheel import load_sglang_attention
+from ddtree_ops.wheels import sglang_wheel
 
-from ..sglang_wheels import sglang_wheel
 from .cases import make_case
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

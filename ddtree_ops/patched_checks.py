@@ -1,0 +1,354 @@
+"""Behaviour checks on a *patched* SGLang tree, shared by the tests and the release job.
+
+SGLang's modules cannot be imported without a GPU build's dependencies, so each check
+extracts the real patched function from the real source with `ast` and runs it (never a
+copy). What it imports is supplied by name-matched stand-ins: the policy matches backends
+by class name, and `contract_*` checks hold the stand-ins to what the same release's real
+source defines, so they cannot drift.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import os
+import sys
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .sglang_tree import SglangTree
+
+DFLASH_UTILS = "srt/speculative/dflash_utils.py"
+REGISTRY = "srt/layers/attention/attention_registry.py"
+TRITON_BACKEND = "srt/layers/attention/triton_backend.py"
+OUR_BACKEND = "DDTreeTritonAttnBackend"
+
+
+@dataclass
+class CheckResult:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+def _module_ast(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def extract(path: Path, names: list[str], namespace: dict) -> dict:
+    """Execute the named top-level functions / assignments of `path` (decorators dropped) in `namespace`."""
+    body = []
+    for node in _module_ast(path).body:
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            node.decorator_list = []
+            body.append(node)
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in names for t in node.targets):
+            body.append(node)
+    found = {n.name if isinstance(n, ast.FunctionDef) else n.targets[0].id for n in body}
+    missing = set(names) - found
+    if missing:
+        raise LookupError(f"{path}: no top-level {', '.join(sorted(missing))}")
+    exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), namespace)
+    return namespace
+
+
+def _put(mapping, key: str, value) -> None:
+    """mapping[key] = value, or remove key when value is None (restores 'was not there')."""
+    if value is None:
+        mapping.pop(key, None)
+    else:
+        mapping[key] = value
+
+
+@contextlib.contextmanager
+def stand_in_modules(modules: dict[str, dict]) -> Iterator[None]:
+    """Temporarily register modules (and their parent packages) with the given attributes."""
+    saved = {}
+    names = set()
+    for full in modules:
+        parts = full.split(".")
+        names.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    for name in sorted(names):
+        saved[name] = sys.modules.get(name)
+        mod = types.ModuleType(name)
+        mod.__path__ = []
+        mod.__dict__.update(modules.get(name, {}))
+        sys.modules[name] = mod
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            _put(sys.modules, name, old)
+
+
+@contextlib.contextmanager
+def env(**values: str | None) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
+        _put(os.environ, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            _put(os.environ, k, v)
+
+
+def run_checks(checks: list[tuple[str, Callable[[], str | None]]], modules: dict[str, dict]) -> list[CheckResult]:
+    """Run each (name, fn) with `modules` stood in; an exception is a failed check, not a crash."""
+    results = []
+    for name, fn in checks:
+        try:
+            with stand_in_modules(modules):
+                detail = fn()
+            results.append(CheckResult(name, True, detail or ""))
+        except Exception as exc:  # a failed expectation is a result for the matrix
+            results.append(CheckResult(name, False, f"{type(exc).__name__}: {exc}"))
+    return results
+
+
+def named_backend(name: str, **attrs) -> object:
+    """An instance of a class called `name` (the policy only reads the class name)."""
+    return type(name, (), attrs)()
+
+
+def _policy_stand_ins() -> dict[str, dict]:
+    class ForwardMode:  # sglang.srt.model_executor.forward_batch_info.ForwardMode, as the policy uses it
+        TARGET_VERIFY = "TARGET_VERIFY"
+
+    class HybridAttnBackend:
+        def __init__(self, verify_backend):
+            self._verify = verify_backend
+
+        def _select_backend(self, mode):
+            assert mode == ForwardMode.TARGET_VERIFY
+            return self._verify
+
+    class TboAttnBackend:
+        def __init__(self, primary):
+            self.primary = primary
+
+    return {
+        "sglang.srt.layers.attention.hybrid_attn_backend": {"HybridAttnBackend": HybridAttnBackend},
+        "sglang.srt.layers.attention.tbo_backend": {"TboAttnBackend": TboAttnBackend},
+        "sglang.srt.model_executor.forward_batch_info": {"ForwardMode": ForwardMode},
+    }
+
+
+def _wrap_full(inner: object, levels: int) -> object:
+    for i in range(levels):
+        inner = type(f"HybridLinearAttnBackend{i}", (), {"full_attn_backend": inner})()
+    return inner
+
+
+def policy_checks(tree: SglangTree) -> list[CheckResult]:
+    """The patched resolve_dflash_verify_mask_policy on chains, trees, wrappers and our backend."""
+    from ddtree_kernels.sglang import TreeVerifyBackendError
+
+    ns = extract(tree.package / DFLASH_UTILS, ["resolve_dflash_verify_mask_policy",
+                                                "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"], {"Any": object})
+    resolve: Callable = ns["resolve_dflash_verify_mask_policy"]
+    skip: frozenset = ns["_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"]
+    stand_ins = _policy_stand_ins()
+
+    def chain_unchanged():
+        with env(DDTREE_TREE_VERIFY="0"):
+            for name in sorted(skip | {"FlashMLABackend", "CutlassMLABackend", "AscendAttnBackend"}):
+                got = resolve(named_backend(name))
+                assert got == (name, name not in skip), f"{name}: {got}"
+        return f"{len(skip)} skip-listed + 3 other backends answer as before"
+
+    def tree_forces_mask_on_triton():
+        with env(DDTREE_TREE_VERIFY="1"):
+            assert resolve(named_backend("TritonAttnBackend")) == ("TritonAttnBackend", True)
+            assert resolve(named_backend("FlashMLABackend")) == ("FlashMLABackend", True)
+
+    def tree_refuses_unmaskable():
+        refused = []
+        with env(DDTREE_TREE_VERIFY="1", DDTREE_MASK_CAPABLE_BACKENDS=None):
+            for name in sorted(skip - {"TritonAttnBackend"}):
+                try:
+                    resolve(named_backend(name))
+                except TreeVerifyBackendError as exc:
+                    assert name in str(exc) and "--attention-backend triton" in str(exc), str(exc)
+                    refused.append(name)
+                else:
+                    raise AssertionError(f"tree verify on {name} was not refused")
+        return "refused: " + ", ".join(refused)
+
+    def wrappers_unwrap():
+        with env(DDTREE_TREE_VERIFY="0"):
+            assert resolve(_wrap_full(named_backend("FlashAttentionBackend"), 3)) == ("FlashAttentionBackend", False)
+            assert resolve(_wrap_full(named_backend("FlashMLABackend"), 2)) == ("FlashMLABackend", True)
+        with env(DDTREE_TREE_VERIFY="1"):
+            assert resolve(_wrap_full(named_backend("TritonAttnBackend"), 3)) == ("TritonAttnBackend", True)
+        source = (tree.package / DFLASH_UTILS).read_text()
+        if "HybridAttnBackend" in source:  # 0.5.23+: also through HybridAttnBackend / TboAttnBackend
+            hybrid = sys.modules  # resolved inside the stand-in context
+            h = hybrid["sglang.srt.layers.attention.hybrid_attn_backend"].HybridAttnBackend
+            t = hybrid["sglang.srt.layers.attention.tbo_backend"].TboAttnBackend
+            with env(DDTREE_TREE_VERIFY="1"):
+                inner = t(h(_wrap_full(named_backend("TritonAttnBackend"), 1)))
+                assert resolve(inner) == ("TritonAttnBackend", True)
+            return "full_attn_backend chains, HybridAttnBackend and TboAttnBackend"
+        return "full_attn_backend chains"
+
+    def our_backend():
+        with env(DDTREE_TREE_VERIFY="0"):
+            assert resolve(named_backend(OUR_BACKEND)) == (OUR_BACKEND, False)  # chain: causal path, like Triton
+        with env(DDTREE_TREE_VERIFY="1"):
+            assert resolve(named_backend(OUR_BACKEND)) == (OUR_BACKEND, True)
+
+    def auto_from_command_line():
+        saved = sys.argv
+        try:
+            with env(DDTREE_TREE_VERIFY=None):
+                sys.argv = ["sglang.launch_server", "--speculative-algorithm", "DDTREE", "--page-size", "1"]
+                assert resolve(named_backend("TritonAttnBackend")) == ("TritonAttnBackend", True)
+                sys.argv = ["sglang.launch_server", "--speculative-algorithm=DFLASH"]
+                assert resolve(named_backend("TritonAttnBackend")) == ("TritonAttnBackend", False)
+        finally:
+            sys.argv = saved
+
+    return run_checks([
+        ("policy: chain verify unchanged", chain_unchanged),
+        ("policy: tree forces the mask on Triton", tree_forces_mask_on_triton),
+        ("policy: tree refused on a backend that cannot mask", tree_refuses_unmaskable),
+        ("policy: wrappers unwrap to the verify backend", wrappers_unwrap),
+        ("policy: our backend is mask-capable", our_backend),
+        ("policy: auto mode reads --speculative-algorithm", auto_from_command_line),
+    ], stand_ins)
+
+
+def _uses_verify_mask_struct(tree: SglangTree) -> bool:
+    """0.5.18+ keeps the captured verify mask in a VerifyMask sized n * (context + n) per request."""
+    return "self._verify_mask = maybe_create_verify_mask(" in (tree.package / TRITON_BACKEND).read_text()
+
+
+def _triton_stand_in(new_layout: bool, max_context_len: int = 1000, num_draft_tokens: int = 9) -> type:
+    """TritonAttnBackend as far as the routing touches it (held to the real one by contract_checks)."""
+    import torch
+
+    def sglang_own_verify(*args, **kwargs):
+        return False
+
+    class TritonAttnBackend:
+        def __init__(self, model_runner):
+            self.model_runner = model_runner
+            self.max_context_len = max_context_len
+            self.num_draft_tokens = num_draft_tokens
+            self.use_verify_splitkv = False
+            self.use_verify_shared_kv = False
+            self.verify_splitkv_fwd = sglang_own_verify
+            self.cuda_graph_custom_mask = None
+            self._verify_mask = None
+
+        def init_cuda_graph_state(self, max_bs, max_num_tokens, kv_indices_buf=None, cuda_graph_num_kv_splits_buf=None):
+            if new_layout:  # verify_mask.tree_mask_numel(FULL_MASK, ...)
+                n = self.num_draft_tokens
+                self._verify_mask = types.SimpleNamespace(
+                    buffer=torch.zeros(max_bs * n * (self.max_context_len + n), dtype=torch.uint8))
+            else:  # 0.5.14-0.5.17: max_num_tokens * max_context_len
+                self.cuda_graph_custom_mask = torch.zeros(max_num_tokens * self.max_context_len, dtype=torch.uint8)
+
+    TritonAttnBackend.sglang_own_verify = staticmethod(sglang_own_verify)
+    return TritonAttnBackend
+
+
+def routing_checks(tree: SglangTree) -> list[CheckResult]:
+    """The patched create_triton_backend: our subclass by default, SGLang's with the switch off."""
+    import ddtree_kernels
+
+    ns = extract(tree.package / REGISTRY, ["create_triton_backend"], {})
+    create = ns["create_triton_backend"]
+    new_layout = _uses_verify_mask_struct(tree)
+    base = _triton_stand_in(new_layout)
+    runner = types.SimpleNamespace(model_config=types.SimpleNamespace(is_encoder_decoder=False))
+    modules = {"sglang.srt.layers.attention.triton_backend": {"TritonAttnBackend": base}}
+
+    def default_routes_to_ddtree():
+        with env(DDTREE_VERIFY_KERNEL=None):
+            b = create(runner)
+        assert type(b).__name__ == OUR_BACKEND and isinstance(b, base), type(b)
+        assert b.use_verify_splitkv is True and b.use_verify_shared_kv is False
+        hook = getattr(b.verify_splitkv_fwd, "__wrapped__", b.verify_splitkv_fwd)
+        assert hook is ddtree_kernels.sglang_verify_fwd, hook
+        return "TARGET_VERIFY -> ddtree_kernels.sglang_verify_fwd"
+
+    def switch_off_keeps_sglang():
+        with env(DDTREE_VERIFY_KERNEL="sglang"):
+            b = create(runner)
+        assert type(b) is base and b.use_verify_splitkv is False
+        assert b.verify_splitkv_fwd is base.sglang_own_verify
+
+    def graph_mask_sized_for_tree():
+        with env(DDTREE_VERIFY_KERNEL="ddtree"):
+            b = create(runner)
+        b.init_cuda_graph_state(4, 4 * 9)
+        need = 4 * 9 * (1000 + 9)
+        mask = b._verify_mask.buffer if new_layout else b.cuda_graph_custom_mask
+        assert mask.numel() >= need, mask.numel()
+        return f"{'VerifyMask' if new_layout else 'cuda_graph_custom_mask'}: {mask.numel()} bytes, 36 tokens at 1000"
+
+    def bad_switch_is_named():
+        with env(DDTREE_VERIFY_KERNEL="fast"):
+            try:
+                create(runner)
+            except ValueError as exc:
+                assert "DDTREE_VERIFY_KERNEL" in str(exc)
+            else:
+                raise AssertionError("DDTREE_VERIFY_KERNEL=fast was accepted")
+
+    return run_checks([
+        ("routing: default routes TARGET_VERIFY to ddtree_kernels", default_routes_to_ddtree),
+        ("routing: DDTREE_VERIFY_KERNEL=sglang keeps SGLang's path", switch_off_keeps_sglang),
+        ("routing: CUDA-graph mask buffer fits a tree at full context", graph_mask_sized_for_tree),
+        ("routing: an unknown switch value is an error", bad_switch_is_named),
+    ], modules)
+
+
+def contract_checks(tree: SglangTree) -> list[CheckResult]:
+    """The real TritonAttnBackend of this release has what the routing and the stand-in rely on."""
+    source = (tree.package / TRITON_BACKEND).read_text()
+    cls = next((n for n in _module_ast(tree.package / TRITON_BACKEND).body
+                if isinstance(n, ast.ClassDef) and n.name == "TritonAttnBackend"), None)
+    if cls is None:
+        return [CheckResult("contract: TritonAttnBackend exists", False, "class not found")]
+    methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+    results = []
+
+    def calls_hook(fn: ast.FunctionDef) -> int:
+        for node in ast.walk(fn):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "verify_splitkv_fwd"):
+                return len(node.args)
+        return -1
+
+    fe = methods.get("forward_extend")
+    n_args = calls_hook(fe) if fe else -1
+    # 0.5.18+ picks the hook into a local (verify_fwd = self.verify_splitkv_fwd) and calls that.
+    if n_args < 0 and fe is not None:
+        for node in ast.walk(fe):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "verify_fwd":
+                n_args = len(node.args)
+    results.append(CheckResult("contract: forward_extend calls the verify hook with 16 positional arguments",
+                               n_args == 16, f"{n_args} positional arguments"))
+    for attr in ("use_verify_splitkv", "verify_splitkv_fwd", "max_context_len", "num_draft_tokens"):
+        results.append(CheckResult(f"contract: TritonAttnBackend sets self.{attr}", f"self.{attr} =" in source))
+    if _uses_verify_mask_struct(tree):
+        sizing = (tree.package / "srt/layers/attention/verify_mask.py").read_text()
+        ok = "num_draft_tokens * (max_context_len + num_draft_tokens)" in sizing
+        results.append(CheckResult("contract: VerifyMask holds n * (context + n) per request (a full tree)", ok))
+    else:
+        results.append(CheckResult("contract: captured mask is self.cuda_graph_custom_mask (resized by our backend)",
+                                   "self.cuda_graph_custom_mask =" in source))
+    init = methods.get("init_cuda_graph_state")
+    params = [a.arg for a in init.args.args[:3]] if init else []
+    results.append(CheckResult("contract: init_cuda_graph_state(self, max_bs, max_num_tokens, ...)",
+                               params == ["self", "max_bs", "max_num_tokens"], str(params)))
+    return results
+
+
+def all_checks(tree: SglangTree) -> list[CheckResult]:
+    return contract_checks(tree) + policy_checks(tree) + routing_checks(tree)

@@ -1,0 +1,119 @@
+"""The release job: apply the patch series to each SGLang release and report a compatibility matrix.
+
+    ddtree-ops release-job                         # every release on PyPI from 0.5.14
+    ddtree-ops release-job --versions 0.5.22,0.5.23 --out report/
+
+For each release: download the wheel (no dependencies), unpack its sources, check each
+patch on the pristine tree (applies, or the hunk and reason it fails), apply the series
+with the same tool the playbooks use, and run the patched-source checks
+(patched_checks.all_checks). A release that breaks is a row in the matrix, never a crash.
+Writes matrix.json and matrix.md.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from packaging.version import Version
+
+from . import patchtool
+from .patched_checks import all_checks
+from .series import load_series, select_series
+from .sglang_tree import locate
+from .wheels import released_versions, sglang_wheel, unpack_sources
+
+
+@dataclass
+class ReleaseRow:
+    version: str
+    series: str = ""
+    patches: dict[str, str] = field(default_factory=dict)  # name -> "applies" | "fails: hunk ...: reason"
+    checks_passed: int = 0
+    checks_total: int = 0
+    failed_checks: list[str] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def supported(self) -> bool:
+        return (not self.error and bool(self.patches) and all(v == "applies" for v in self.patches.values())
+                and self.checks_total > 0 and self.checks_passed == self.checks_total)
+
+
+@dataclass
+class Matrix:
+    generated: str
+    rows: list[ReleaseRow]
+
+    def supported_all(self) -> bool:
+        return all(r.supported for r in self.rows)
+
+    def to_markdown(self) -> str:
+        names = sorted({p for r in self.rows for p in r.patches})
+        short = " | ".join(n.split("-")[0] for n in names)
+        head = f"| SGLang | series | {short} | patched-source checks | verdict |"
+        lines = [f"SGLang release compatibility, generated {self.generated} by `ddtree-ops release-job`.", "",
+                 "Patches: " + ", ".join(f"{n.split('-')[0]} = {n}" for n in names), "", head,
+                 "|" + "---|" * (len(names) + 4)]
+        for r in self.rows:
+            cells = [r.patches.get(n, "—") for n in names]
+            checks = f"{r.checks_passed}/{r.checks_total}" + (f" (failed: {'; '.join(r.failed_checks)})"
+                                                              if r.failed_checks else "")
+            verdict = "supported" if r.supported else ("error: " + r.error if r.error else "NOT supported")
+            lines.append(f"| {r.version} | {r.series or '—'} | " + " | ".join(cells) + f" | {checks} | {verdict} |")
+        return "\n".join(lines) + "\n"
+
+
+def check_release(version: str, patches=None, tree_dir: Path | None = None) -> ReleaseRow:
+    """One release's row. `tree_dir` (unpacked sources) skips the download, e.g. for a checkout."""
+    row = ReleaseRow(version)
+    work = None
+    try:
+        work = tree_dir or unpack_sources(sglang_wheel(version))
+        tree = locate(work, version)
+        all_series = load_series(patches)
+        try:
+            series = select_series(tree.version, all_series)
+        except LookupError:  # a release newer than any validated series: try the newest series
+            series = max(all_series, key=lambda s: s.min_version)
+        row.series = series.name
+        for p in series.patches:
+            failures = patchtool.explain_failure(tree, p)
+            row.patches[p.name] = "applies" if not failures else "fails: " + "; ".join(
+                f"{f.file} hunk {f.hunk}: {f.reason}" for f in failures)
+        if all(v == "applies" for v in row.patches.values()):
+            patchtool.apply(work, series=series.name, patches=patches, sglang_version=version)
+            results = all_checks(tree)
+            row.checks_total = len(results)
+            row.checks_passed = sum(r.ok for r in results)
+            row.failed_checks = [f"{r.name}: {r.detail}" for r in results if not r.ok]
+    except Exception as exc:  # download, unpack or tool failure: report it on the row
+        row.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if work is not None and tree_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    return row
+
+
+def run_release_job(versions: list[str] | None = None, out: str | Path = "release-report", patches=None,
+                    oldest: str = "0.5.14") -> Matrix:
+    versions = versions or released_versions(oldest)
+    versions = sorted(versions, key=Version)
+    rows = []
+    for i, v in enumerate(versions, 1):
+        print(f"[{i}/{len(versions)}] sglang {v} ...", end=" ", flush=True)
+        row = check_release(v, patches)
+        print("supported" if row.supported else f"NOT supported {row.error or row.failed_checks or row.patches}",
+              flush=True)
+        rows.append(row)
+    matrix = Matrix(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "matrix.json").write_text(json.dumps(
+        {"generated": matrix.generated, "rows": [asdict(r) | {"supported": r.supported} for r in rows]}, indent=1))
+    (out / "matrix.md").write_text(matrix.to_markdown())
+    print(f"wrote {out / 'matrix.json'} and {out / 'matrix.md'}")
+    return matrix

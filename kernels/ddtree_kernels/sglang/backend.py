@@ -1,0 +1,81 @@
+"""The TritonAttnBackend subclass that routes TARGET_VERIFY to ddtree_kernels.
+
+SGLang's TritonAttnBackend (0.5.14+) calls `self.verify_splitkv_fwd(...)` for
+TARGET_VERIFY when `self.use_verify_splitkv` is true and falls back to
+`extend_attention_fwd` when it returns False. The subclass turns that hook on and
+points it at `ddtree_kernels.sglang_verify_fwd`. The class is built from the
+TritonAttnBackend that the patched registry passes in, so it follows the installed
+SGLang release without importing it here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger("ddtree_kernels")
+
+DDTREE_BACKEND_NAME = "DDTreeTritonAttnBackend"
+_CHOICES = ("ddtree", "sglang")
+_announced = False
+
+
+def verify_kernel_choice() -> str:
+    """DDTREE_VERIFY_KERNEL: 'ddtree' (default) or 'sglang' (SGLang's own verify path)."""
+    choice = os.environ.get("DDTREE_VERIFY_KERNEL", "ddtree").strip().lower()
+    if choice not in _CHOICES:
+        raise ValueError(f"DDTREE_VERIFY_KERNEL={choice!r}: use one of {', '.join(_CHOICES)}")
+    return choice
+
+
+def _verify_mask_capacity(max_num_tokens: int, max_context_len: int, width: int) -> int:
+    """Bytes of SGLang's flat verify mask: every request's [n, P + n] block at the longest P."""
+    return max_num_tokens * (max_context_len + width)
+
+
+def ddtree_backend_class(base: type) -> type:
+    """Subclass `base` (SGLang's TritonAttnBackend) with the verify hook set to our kernel."""
+    import torch
+
+    from ..sglang_adapter import sglang_verify_fwd
+
+    hook = torch.compiler.disable(sglang_verify_fwd)  # as SGLang wraps its own verify kernels
+
+    class DDTreeTritonAttnBackend(base):  # name checked by the mask policy
+        def __init__(self, model_runner, *args, **kwargs):
+            super().__init__(model_runner, *args, **kwargs)
+            self.use_verify_splitkv = True
+            self.use_verify_shared_kv = False  # 0.5.18+: prefer our hook over the chain-only kernel
+            self.verify_splitkv_fwd = hook
+
+        def init_cuda_graph_state(self, max_bs, max_num_tokens, *args, **kwargs):
+            super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
+            # 0.5.14-0.5.17 size the captured mask as max_num_tokens * max_context_len; a tree
+            # verify at full context needs n more columns per row. (0.5.18+ keep it in a
+            # VerifyMask already sized n * (context + n) per request.)
+            mask = getattr(self, "cuda_graph_custom_mask", None)
+            width = int(getattr(self, "num_draft_tokens", 0) or 0)
+            need = _verify_mask_capacity(max_num_tokens, int(self.max_context_len), width)
+            if mask is not None and mask.numel() < need:
+                self.cuda_graph_custom_mask = mask.new_zeros(need)
+
+    DDTreeTritonAttnBackend.__qualname__ = DDTREE_BACKEND_NAME
+    return DDTreeTritonAttnBackend
+
+
+def make_triton_backend(triton_backend_cls: type, runner, *args, **kwargs):
+    """What the patched `create_triton_backend` returns: ours or SGLang's, per DDTREE_VERIFY_KERNEL."""
+    global _announced
+    choice = verify_kernel_choice()
+    if choice == "ddtree":
+        from .. import __version__
+
+        backend = ddtree_backend_class(triton_backend_cls)(runner, *args, **kwargs)
+        message = f"TARGET_VERIFY attention: ddtree_kernels {__version__} (DDTREE_VERIFY_KERNEL=ddtree)"
+    else:
+        backend = triton_backend_cls(runner, *args, **kwargs)
+        message = "TARGET_VERIFY attention: SGLang extend_attention_fwd (DDTREE_VERIFY_KERNEL=sglang)"
+    if not _announced:
+        logger.warning("ddtree-sm120: %s", message)  # warning: SGLang's default log level hides info
+        _announced = True
+    return backend
