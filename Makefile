@@ -7,10 +7,10 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 PYTEST_ARGS ?=
 
-.PHONY: help setup test test-gpu lint fit wheel clean bench-kernels sglang-wheel release-job
+.PHONY: help setup test test-gpu lint fit wheel clean bench-kernels sglang-wheel release-job smoke-test bench
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 setup: $(BIN)/.installed  ## create .venv with the dev tools, ddtree_kernels and ddtree-ops (editable)
 
@@ -44,6 +44,15 @@ bench-kernels:  ## on a CUDA machine: the side-by-side kernel benchmark (BENCHMA
 sglang-wheel: setup  ## download the pinned SGLang wheel (no dependencies) into .cache/wheels
 	$(PY) -m pip download --quiet --no-deps --only-binary=:all: sglang==$(SGLANG_VERSION) -d .cache/wheels
 	@ls .cache/wheels/sglang-$(SGLANG_VERSION)-*.whl
+
+ENDPOINT ?= http://127.0.0.1:30000
+SMOKE_ARGS ?=
+smoke-test: setup  ## smoke-test a live endpoint: make smoke-test ENDPOINT=http://host:30000 [SMOKE_ARGS="--min-accept-length 2"]
+	$(BIN)/ddtree-ops smoke --endpoint $(ENDPOINT) $(SMOKE_ARGS)
+
+BENCH_ARGS ?=
+bench: setup  ## decode throughput vs context length of a live endpoint: make bench ENDPOINT=... [BENCH_ARGS="--previous old.json"]
+	$(BIN)/ddtree-ops bench --endpoint $(ENDPOINT) --out throughput-out $(BENCH_ARGS)
 
 RELEASE_OUT ?= release-report
 release-job: setup  ## apply patches/ to every SGLang release on PyPI since 0.5.14; writes $(RELEASE_OUT)/matrix.{json,md}

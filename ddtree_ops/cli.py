@@ -2,12 +2,16 @@
 
     ddtree-ops patch check|apply|revert|status TARGET [--series NAME] [--patches DIR] [--json]
     ddtree-ops release-job [--versions 0.5.14,0.5.23] [--out DIR]
+    ddtree-ops smoke --endpoint URL [--model M] [--min-accept-length X] [--wait S] [--json FILE]
+    ddtree-ops bench --endpoint URL [--contexts 8192,...] [--concurrency 1,4] [--out DIR] [--previous FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from . import patchtool
 from .series import patches_dir
@@ -41,6 +45,45 @@ def _release_job(args: argparse.Namespace) -> int:
     return 0 if matrix.supported_all() or not args.strict else 1
 
 
+def _smoke(args: argparse.Namespace) -> int:
+    from .endpoint import Endpoint
+    from .smoke import print_report, run_smoke
+
+    report = run_smoke(Endpoint(args.endpoint, args.api_key, args.timeout), model=args.model,
+                       min_accept_length=args.min_accept_length, wait_s=args.wait)
+    print_report(report)
+    if args.json:
+        Path(args.json).write_text(report.to_json())
+    return 0 if report.ok else 1
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .endpoint import Endpoint, EndpointError
+    from .throughput import run_throughput
+
+    ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
+    try:
+        points = run_throughput(Endpoint(args.endpoint, args.api_key, args.timeout), contexts=ints(args.contexts),
+                                concurrency=ints(args.concurrency), output_len=args.output_len, rounds=args.rounds,
+                                vocab=args.vocab, out=args.out, previous=args.previous)
+    except EndpointError as exc:
+        print(f"ddtree-ops bench: {exc}", file=sys.stderr)
+        return 1
+    print((Path(args.out) / "throughput.md").read_text())
+    failed = [p for p in points if p.ok < p.requests]
+    for p in failed:
+        print(f"context {p.context} concurrency {p.concurrency}: {p.requests - p.ok} request(s) failed: "
+              f"{p.errors[0] if p.errors else ''}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _endpoint_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--endpoint", default=os.environ.get("DDTREE_ENDPOINT", "http://127.0.0.1:30000"),
+                   help="base URL of the SGLang server (default $DDTREE_ENDPOINT or http://127.0.0.1:30000)")
+    p.add_argument("--api-key", default=os.environ.get("SGLANG_API_KEY"), help="default $SGLANG_API_KEY")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (long contexts are slow)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ddtree-ops", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -61,6 +104,25 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--patches", default=None)
     r.add_argument("--strict", action="store_true", help="exit 1 unless every release is supported")
     r.set_defaults(func=_release_job)
+
+    s = sub.add_parser("smoke", help="smoke-test a live endpoint (exit 1 on any failed check)")
+    _endpoint_args(s)
+    s.add_argument("--model", help="served model name (default: the first one listed)")
+    s.add_argument("--min-accept-length", type=float, help="fail below this speculative acceptance length")
+    s.add_argument("--wait", type=float, default=0.0, help="poll /health_generate this long before failing")
+    s.add_argument("--json", help="also write the report as JSON to this file")
+    s.set_defaults(func=_smoke)
+
+    b = sub.add_parser("bench", help="decode throughput against context length and concurrency")
+    _endpoint_args(b)
+    b.add_argument("--contexts", default="8192,32768,65536,131072,185000")
+    b.add_argument("--concurrency", default="1,4")
+    b.add_argument("--output-len", type=int, default=256)
+    b.add_argument("--rounds", type=int, default=2, help="requests per point = concurrency x rounds")
+    b.add_argument("--vocab", type=int, default=32000, help="prompt token ids are drawn from [100, vocab)")
+    b.add_argument("--out", default="throughput", help="folder for throughput.json/.md/.png")
+    b.add_argument("--previous", help="an earlier throughput.json to compare against")
+    b.set_defaults(func=_bench)
 
     args = ap.parse_args(argv)
     return args.func(args)

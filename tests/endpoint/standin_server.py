@@ -1,0 +1,229 @@
+"""A stand-in for SGLang's HTTP server, for tests only: no GPU server can run in CI.
+
+It speaks the parts of SGLang's API our smoke and throughput clients (and the deploy
+playbook) use: /health and /health_generate (503 while "warming up"), /v1/models,
+/v1/chat/completions (plain and streamed, with usage and sglext.spec_tokens_details),
+the native /generate stream (cumulative text + meta_info), and /server_info
+(/get_server_info on older releases) with the average acceptance length.
+
+Tokens come out at `tokens_per_s` per request: the first at `ttft_s`, then one verify
+step of `accept_length` tokens every accept_length / tokens_per_s seconds, so the
+throughput tests can check the computed TPOT, decode rate and acceptance exactly.
+Faults are switched on per test (Behaviour). test_standin_protocol.py validates its
+answers with the `openai` client and SGLang's own protocol models from the release
+wheel, so it cannot drift from the real API.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class Behaviour:
+    model: str = "glm-5"
+    version: str = "0.5.23"
+    warmup_s: float = 0.0  # /health_generate answers 503 for this long after start
+    never_healthy: bool = False
+    ttft_s: float = 0.02
+    tokens_per_s: float = 400.0
+    accept_length: int = 4
+    report_spec_details: bool = True  # per-request sglext.spec_tokens_details
+    server_info_path: str = "/server_info"  # older releases: /get_server_info
+    empty_completion: bool = False
+    wrong_usage: bool = False
+    stream_fault: str | None = None  # "no_done" | "bad_json"
+    default_completion_tokens: int = 12  # without ignore_eos
+
+
+class StandInServer:
+    """Run with `with StandInServer(Behaviour(...)) as url:` on 127.0.0.1, an ephemeral port."""
+
+    def __init__(self, behaviour: Behaviour | None = None, port: int = 0, host: str = "127.0.0.1"):
+        self.behaviour = behaviour or Behaviour()
+        self.started = time.monotonic()
+        server = self
+
+        class Handler(_Handler):
+            stand_in = server
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://{host}:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> str:
+        self.started = time.monotonic()
+        self.thread.start()
+        return self.url
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _words(n: int) -> list[str]:
+    return [f"w{i} " for i in range(n)]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    stand_in: StandInServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:  # keep test output clean
+        pass
+
+    @property
+    def b(self) -> Behaviour:
+        return self.stand_in.behaviour
+
+    def _json(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _sse_start(self) -> None:
+        # Chunked, one event a chunk, as uvicorn sends SGLang's StreamingResponse.
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def _event(self, payload: dict | str) -> None:
+        text = payload if isinstance(payload, str) else json.dumps(payload)
+        data = f"data: {text}\n\n".encode()
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _sse_end(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    # -- GET ---------------------------------------------------------------------------------
+    def do_GET(self) -> None:
+        b = self.b
+        if self.path in ("/health", "/health_generate"):
+            warming = time.monotonic() - self.stand_in.started < b.warmup_s
+            return self._json(503 if (b.never_healthy or warming) else 200, {})
+        if self.path == "/v1/models":
+            return self._json(200, {"object": "list", "data": [
+                {"id": b.model, "object": "model", "created": int(time.time()), "owned_by": "sglang",
+                 "root": b.model, "max_model_len": 202752}]})
+        if self.path == b.server_info_path:
+            return self._json(200, {"version": b.version, "model_path": f"/models/{b.model}",
+                                    "speculative_algorithm": "DDTREE", "page_size": 1,
+                                    "internal_states": [{"avg_spec_accept_length": float(b.accept_length)}]})
+        self._json(404, {"error": {"message": f"no route {self.path}"}})
+
+    # -- POST --------------------------------------------------------------------------------
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            return self._json(400, {"error": {"message": "body is not JSON"}})
+        if self.path == "/v1/chat/completions":
+            return self._chat(body)
+        if self.path == "/generate":
+            return self._generate(body)
+        self._json(404, {"error": {"message": f"no route {self.path}"}})
+
+    def _schedule(self, n: int) -> list[int]:
+        """Token counts per emission: 1 (prefill), then verify steps of accept_length."""
+        if n <= 0:
+            return []
+        steps = [1]
+        rest = n - 1
+        while rest > 0:
+            steps.append(min(self.b.accept_length, rest))
+            rest -= steps[-1]
+        return steps
+
+    def _emit(self, n: int):
+        """Yield token-count groups at the configured pace."""
+        time.sleep(self.b.ttft_s)
+        for i, group in enumerate(self._schedule(n)):
+            if i:
+                time.sleep(group / self.b.tokens_per_s)
+            yield group
+
+    def _spec_details(self, n: int) -> dict:
+        verify = max(1, math.ceil((n - 1) / self.b.accept_length))
+        return {"spec_accept_rate": 0.9, "spec_accept_length": n / verify, "spec_verify_ct": verify}
+
+    def _chat(self, body: dict) -> None:
+        b = self.b
+        max_tokens = int(body.get("max_tokens") or 16)
+        n = max_tokens if body.get("ignore_eos") else min(max_tokens, b.default_completion_tokens)
+        if b.empty_completion:
+            n = 0
+        prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", [])) + 8
+        total = prompt + n + (1 if b.wrong_usage else 0)
+        usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": total}
+        rid = f"chatcmpl-{uuid.uuid4().hex[:12]}"
+        created = int(time.time())
+        finish = "length" if n == max_tokens else "stop"
+        sglext = {"spec_tokens_details": self._spec_details(n)} if (
+            b.report_spec_details and body.get("return_spec_tokens_details") and n) else None
+        if not body.get("stream"):
+            text = "".join(_words(sum(self._emit(n))))
+            answer = {"id": rid, "object": "chat.completion", "created": created, "model": b.model,
+                      "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                   "finish_reason": finish}], "usage": usage}
+            if sglext:
+                answer["sglext"] = sglext
+            return self._json(200, answer)
+        self._sse_start()
+        sent = 0
+        for i, group in enumerate(self._emit(n)):
+            if b.stream_fault == "bad_json" and i == 2:
+                self._event("{this is not json")
+            delta = {"content": "".join(_words(sent + group)[sent:])}
+            if i == 0:
+                delta["role"] = "assistant"
+            self._event({"id": rid, "object": "chat.completion.chunk", "created": created, "model": b.model,
+                         "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+            sent += group
+        self._event({"id": rid, "object": "chat.completion.chunk", "created": created, "model": b.model,
+                     "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            self._event({"id": rid, "object": "chat.completion.chunk", "created": created, "model": b.model,
+                         "choices": [], "usage": usage})
+        if b.stream_fault != "no_done":
+            self._event("[DONE]")
+        self._sse_end()
+
+    def _generate(self, body: dict) -> None:
+        b = self.b
+        params = body.get("sampling_params") or {}
+        max_new = int(params.get("max_new_tokens") or 16)
+        n = max_new if params.get("ignore_eos") else min(max_new, b.default_completion_tokens)
+        prompt = len(body.get("input_ids") or []) or len(str(body.get("text", "")).split())
+        rid = uuid.uuid4().hex
+        if not body.get("stream"):
+            text = "".join(_words(sum(self._emit(n))))
+            return self._json(200, {"text": text, "meta_info": {"id": rid, "prompt_tokens": prompt,
+                                                                "completion_tokens": n, **self._spec_details(n)}})
+        self._sse_start()
+        sent, verify = 0, 0
+        for i, group in enumerate(self._emit(n)):
+            if b.stream_fault == "bad_json" and i == 2:
+                self._event("{this is not json")
+            sent += group
+            verify += 1 if i else 0
+            meta = {"id": rid, "prompt_tokens": prompt, "completion_tokens": sent, "spec_verify_ct": verify,
+                    "finish_reason": {"type": "length", "length": n} if sent == n else None}
+            self._event({"text": "".join(_words(sent)), "meta_info": meta})
+        if b.stream_fault != "no_done":
+            self._event("[DONE]")
+        self._sse_end()

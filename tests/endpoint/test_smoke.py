@@ -1,0 +1,78 @@
+"""Every smoke check passes against a healthy stand-in, and each fails when the server misbehaves that way."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ddtree_ops.endpoint import Endpoint
+from ddtree_ops.smoke import run_smoke
+
+
+def failed(report) -> dict[str, str]:
+    return {c.name: c.reason for c in report.checks if not c.ok}
+
+
+def test_healthy_server_passes_every_check(standin):
+    report = run_smoke(Endpoint(standin(), timeout=10), min_accept_length=1.5)
+    assert report.ok and len(report.checks) == 7 and report.model == "glm-5"
+    assert report.accept_length == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize(
+    "behaviour, check, reason",
+    [
+        ({"never_healthy": True}, "health_generate answers 200", "503"),
+        ({"empty_completion": True}, "deterministic chat with consistent usage", "empty completion"),
+        ({"wrong_usage": True}, "deterministic chat with consistent usage", "total_tokens"),
+        ({"stream_fault": "no_done"}, "streamed chat ends with [DONE]", "without [DONE]"),
+        ({"stream_fault": "bad_json"}, "streamed chat ends with [DONE]", "not JSON"),
+        ({"accept_length": 1}, "speculative acceptance length >= 1.5", "below the floor"),
+    ],
+    ids=["503-forever", "empty", "wrong-usage", "no-done", "bad-json", "low-acceptance"],
+)
+def test_each_misbehaviour_fails_its_check(standin, behaviour, check, reason):
+    report = run_smoke(Endpoint(standin(**behaviour), timeout=10), min_accept_length=1.5)
+    assert not report.ok
+    assert check in failed(report), failed(report)
+    assert reason in failed(report)[check]
+
+
+def test_slow_tokens_time_out_with_a_clear_reason(standin):
+    report = run_smoke(Endpoint(standin(tokens_per_s=40), timeout=1.5))
+    reasons = failed(report)
+    assert "long output completes" in reasons and "no answer within 2 s" in reasons["long output completes"]
+    assert "/v1/chat/completions" in reasons["long output completes"]
+
+
+def test_warm_up_is_waited_for(standin):
+    url = standin(warmup_s=1.5)
+    assert not run_smoke(Endpoint(url, timeout=5)).ok  # 503 while warming up
+    assert run_smoke(Endpoint(url, timeout=5), wait_s=10).ok
+
+
+def test_acceptance_from_server_info_on_older_releases(standin):
+    url = standin(report_spec_details=False, server_info_path="/get_server_info", accept_length=3)
+    report = run_smoke(Endpoint(url, timeout=10), min_accept_length=2.5)
+    assert report.ok and report.accept_length == 3.0
+
+
+def test_no_server_is_one_line_not_a_traceback(tmp_path):
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "ddtree_ops", "smoke", "--endpoint", "http://127.0.0.1:9",
+                           "--json", str(out)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr + proc.stdout
+    line = "FAIL  health_generate answers 200: GET http://127.0.0.1:9/health_generate: connection refused"
+    assert line in proc.stdout
+    assert json.loads(out.read_text())["ok"] is False
+
+
+def test_cli_passes_on_a_healthy_server(standin, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "ddtree_ops", "smoke", "--endpoint", standin(),
+                           "--min-accept-length", "2", "--json", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "all checks passed" in proc.stdout
