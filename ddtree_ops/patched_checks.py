@@ -185,9 +185,8 @@ def policy_checks(tree: SglangTree) -> list[CheckResult]:
             assert resolve(_wrap_full(named_backend("TritonAttnBackend"), 3)) == ("TritonAttnBackend", True)
         source = (tree.package / DFLASH_UTILS).read_text()
         if "HybridAttnBackend" in source:  # 0.5.23+: also through HybridAttnBackend / TboAttnBackend
-            hybrid = sys.modules  # resolved inside the stand-in context
-            h = hybrid["sglang.srt.layers.attention.hybrid_attn_backend"].HybridAttnBackend
-            t = hybrid["sglang.srt.layers.attention.tbo_backend"].TboAttnBackend
+            h = sys.modules["sglang.srt.layers.attention.hybrid_attn_backend"].HybridAttnBackend  # the stand-ins
+            t = sys.modules["sglang.srt.layers.attention.tbo_backend"].TboAttnBackend
             with env(DDTREE_TREE_VERIFY="1"):
                 inner = t(h(_wrap_full(named_backend("TritonAttnBackend"), 1)))
                 assert resolve(inner) == ("TritonAttnBackend", True)

@@ -265,7 +265,7 @@ def _torch_gather_matmul(p: Problem, pool) -> torch.Tensor:
     return torch.einsum("thk,kd->thd", probs, torch.cat([k[idx, 0, :D_V], p.v_tree[:, 0]]))
 
 
-def derived(row: Row, copy: float) -> dict:
+def derived(row: Row) -> dict:
     c = Case(**row.case)
     t = row.ours_graph_us
     return dict(
@@ -288,7 +288,7 @@ def markdown(rows: list[Row], meta: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        d = derived(r, meta["copy_gbs"])
+        d = derived(r)
 
         def f(x, fmt="{:.1f}"):
             return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
@@ -322,7 +322,7 @@ def plot(rows: list[Row], path: Path, copy: float) -> None:
             continue
         Ls = [L for L, _ in pts]
         ax_t.plot(Ls, [r.ours_graph_us for _, r in pts], "o-", label=name)
-        ax_b.plot(Ls, [derived(r, copy)["gbs"] for _, r in pts], "o-", label=name)
+        ax_b.plot(Ls, [derived(r)["gbs"] for _, r in pts], "o-", label=name)
         if "GLM-5" in name:
             ax_t.plot(
                 Ls, [r.sglang_extend_us for _, r in pts], "s--", label="GLM-5 verify, SGLang extend_attention_fwd"
@@ -330,7 +330,7 @@ def plot(rows: list[Row], path: Path, copy: float) -> None:
             ax_t.plot(Ls, [r.floor_us for _, r in pts], ":", label="floor (copy / matmul ceiling)")
             ax_b.plot(
                 Ls,
-                [derived(r, copy)["gbs"] * r.ours_graph_us / r.sglang_extend_us for _, r in pts],
+                [derived(r)["gbs"] * r.ours_graph_us / r.sglang_extend_us for _, r in pts],
                 "s--",
                 label="GLM-5 verify, SGLang extend_attention_fwd",
             )
@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         row = measure(case, device, copy, mm, sgl)
         torch.cuda.empty_cache()
         rows.append(row)
-        d = derived(row, copy)
+        d = derived(row)
         print(
             f"[{i}/{len(cases)}] {case.label:28} ours {row.ours_graph_us:8.1f} µs ({d['gbs']:5.0f} GB/s, "
             f"{100 * d['efficiency']:3.0f}% of floor {row.floor_us:.1f}) sglang {row.sglang_extend_us:9.0f} µs "

@@ -96,21 +96,34 @@ def plan_verify(
 class Workspace:
     """Partial outputs and LSEs of the split prefix, owned by the caller.
 
-    Size it once for the largest call (rows = draft tokens x heads, parts = splits + 1)
-    and reuse it: a CUDA graph captures its addresses.
+    Flat buffers, viewed per plan as [rows, parts, d_v] and [rows, parts]: the largest
+    batch has the most rows and the smallest the most splits, so sizing by the largest
+    rows x parts product (not max rows x max parts) keeps one workspace small for every
+    captured batch size. Size it once for the largest call and reuse it: a CUDA graph
+    captures its addresses.
     """
 
-    def __init__(self, max_rows: int, max_parts: int, d_v: int, device: torch.device | str):
-        self.o_part = torch.empty((max_rows, max_parts, d_v), dtype=torch.float32, device=device)
-        self.lse_part = torch.empty((max_rows, max_parts), dtype=torch.float32, device=device)
+    def __init__(self, part_rows: int, d_v: int, device: torch.device | str):
+        self.d_v = d_v
+        self.o_flat = torch.empty(part_rows * d_v, dtype=torch.float32, device=device)
+        self.lse_flat = torch.empty(part_rows, dtype=torch.float32, device=device)
+
+    @staticmethod
+    def part_rows(plan: VerifyPlan) -> int:
+        return plan.total_rows * plan.num_parts
 
     def fits(self, plan: VerifyPlan) -> bool:
-        rows, parts, d_v = self.o_part.shape
-        return plan.total_rows <= rows and plan.num_parts <= parts and plan.d_v <= d_v
+        return self.part_rows(plan) <= self.lse_flat.numel() and plan.d_v <= self.d_v
+
+    def views(self, plan: VerifyPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """(o_part [rows, parts, d_v], lse_part [rows, parts]) for `plan`."""
+        rows, parts = plan.total_rows, plan.num_parts
+        return (self.o_flat[: rows * parts * plan.d_v].view(rows, parts, plan.d_v),
+                self.lse_flat[: rows * parts].view(rows, parts))
 
     @classmethod
     def for_plan(cls, plan: VerifyPlan, device: torch.device | str) -> Workspace:
-        return cls(plan.total_rows, plan.num_parts, plan.d_v, device)
+        return cls(cls.part_rows(plan), plan.d_v, device)
 
 
 def _scale_args(k_scale, v_scale) -> tuple[object, object, bool]:
@@ -157,8 +170,8 @@ def run_verify(
     """Launch prefix splits, the tree block and the merge. No host synchronisation."""
     if not workspace.fits(plan):
         raise ValueError(
-            f"workspace holds {tuple(workspace.o_part.shape)} (rows, parts, d_v) but the plan needs "
-            f"({plan.total_rows}, {plan.num_parts}, {plan.d_v}); allocate Workspace.for_plan(plan, device)"
+            f"workspace holds {workspace.lse_flat.numel()} part rows of width {workspace.d_v} but the plan needs "
+            f"{plan.total_rows} x {plan.num_parts} of width {plan.d_v}; allocate Workspace.for_plan(plan, device)"
         )
     conf = plan.config
     H, d_v, d_r = plan.num_heads, plan.d_v, plan.d_rope
@@ -173,7 +186,7 @@ def run_verify(
     v_from_k = (
         v_buf.data_ptr() == k_buf.data_ptr() and v_buf.stride(0) == k_buf.stride(0) and v_buf.dtype == k_buf.dtype
     )
-    o_part, lse_part = workspace.o_part, workspace.lse_part
+    o_part, lse_part = workspace.views(plan)
     part_strides = (o_part.stride(0), o_part.stride(1), lse_part.stride(0))
     dims = dict(H=H, D_V=d_v, D_R=d_r, BLOCK_DV=block_dv, BLOCK_DR=block_dr)
 
@@ -229,13 +242,14 @@ def shared_workspace(plan: VerifyPlan, device: torch.device | str) -> Workspace:
     held = _WORKSPACES.setdefault(device, [])
     if held and held[-1].fits(plan):
         return held[-1]
-    rows, parts, d_v = held[-1].o_part.shape if held else (0, 0, 0)
-    grown = Workspace(max(rows, plan.total_rows), max(parts, plan.num_parts), max(d_v, plan.d_v), device)
+    part_rows = max(held[-1].lse_flat.numel() if held else 0, Workspace.part_rows(plan))
+    grown = Workspace(part_rows, max(held[-1].d_v if held else 0, plan.d_v), device)
     held.append(grown)
     return grown
 
 
-def reserve_workspace(max_rows: int, max_parts: int, d_v: int, device: torch.device | str) -> Workspace:
-    """Allocate the shared workspace up front (before CUDA-graph capture)."""
-    plan = VerifyPlan(1, 1, 1, max_rows, d_v, 0, max_parts - 1, config_for(None))
+def reserve_workspace(plans: list[VerifyPlan], device: torch.device | str) -> Workspace:
+    """Allocate the shared workspace up front (before CUDA-graph capture) for every plan given."""
+    part_rows = max(Workspace.part_rows(p) for p in plans)
+    plan = VerifyPlan(1, 1, 1, part_rows, max(p.d_v for p in plans), 0, 0, plans[0].config)
     return shared_workspace(plan, device)

@@ -137,3 +137,22 @@ def test_reference_agrees_with_plain_softmax_attention():
         q, keys[None].expand(3, -1, -1), vals[None].expand(3, -1, -1), attn_mask=allowed, scale=case.sm_scale
     )
     torch.testing.assert_close(ref, sdpa.transpose(0, 1))
+
+
+def test_one_workspace_serves_every_captured_batch_size():
+    """Sized by the largest rows x parts product, not max rows x max parts (SGLang captures bs 1..64)."""
+    from ddtree_kernels.launcher import Workspace, reserve_workspace, shared_workspace
+
+    plans = [plan_verify(bs, 8, 9, bs * 9, DEVICE) for bs in range(1, 65)]
+    ws = reserve_workspace(plans, DEVICE)
+    assert all(ws.fits(p) for p in plans)
+    assert all(shared_workspace(p, DEVICE) is ws for p in plans)  # nothing re-allocated during capture
+    product_max = max(Workspace.part_rows(p) for p in plans)
+    assert ws.lse_flat.numel() == product_max
+    assert product_max < max(p.total_rows for p in plans) * max(p.num_parts for p in plans)
+    o, lse = ws.views(plans[-1])
+    assert o.shape == (64 * 9 * 8, plans[-1].num_parts, 512) and lse.shape == o.shape[:2]
+    bigger = plan_verify(64, 8, 9, 64 * 9, DEVICE, num_splits=2 * plans[-1].num_splits + 1)  # more part rows
+    assert Workspace.part_rows(bigger) > product_max
+    grown = shared_workspace(bigger, DEVICE)
+    assert grown is not ws and grown.fits(bigger)  # grown; `ws` stays referenced for graphs captured on it

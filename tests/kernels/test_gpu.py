@@ -108,7 +108,7 @@ def test_cuda_graph_replay_with_new_contents():
         )
 
     plan = plan_verify(bs, H, n, T, "cuda")
-    reserve_workspace(plan.total_rows, plan.num_parts, d_v, "cuda")
+    reserve_workspace([plan], "cuda")
     fill([max_prefix] * bs)
     assert call()  # warm-up compiles outside capture
     graph = torch.cuda.CUDAGraph()

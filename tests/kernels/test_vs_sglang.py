@@ -39,6 +39,7 @@ def test_matches_sglang_extend_attention(sglang_extend, tree):
         case.mask_indptr, case.max_draft, 1.0, 1.0, case.sm_scale,
     )
     ref, _ = case.reference()
-    assert ((theirs.double().cpu() - ref).norm() / ref.norm()).item() < 1e-4  # SGLang in fp32 is the definition
+    # SGLang on fp32 inputs is the definition: exact under the interpreter, TF32 dots on a GPU.
+    assert ((theirs.double().cpu() - ref).norm() / ref.norm()).item() < 1e-3
     err = ((ours.double().cpu() - theirs.double().cpu()).norm() / theirs.double().cpu().norm()).item()
     assert err < 1e-2, f"ours vs SGLang: {err:.3e} (seed {case.seed})"
