@@ -62,8 +62,8 @@ fit: setup  ## compile every kernel config for sm_120 and sm_90 offline, print t
 	$(PY) -m ddtree_kernels.fit
 
 wheel: setup  ## build the ddtree_kernels wheel into dist/ (what the playbooks install)
-	$(PY) -m pip wheel --quiet --no-deps -w dist kernels
-	@ls dist/*.whl
+	$(PY) -m pip wheel --quiet --no-deps -w dist ./kernels
+	@ls dist/ddtree_kernels-*.whl
 
 clean:  ## remove build outputs (keeps .venv)
 	rm -rf dist build kernels/build kernels/*.egg-info .pytest_cache .ruff_cache
