@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -34,17 +35,22 @@ def released_versions(oldest: str = "0.5.14", timeout: float = 30.0) -> list[str
 def sglang_wheel(version: str, cache: Path = CACHE) -> Path:
     """The wheel of SGLang `version` (`pip download --no-deps`, cached in .cache/wheels)."""
     found = sorted(cache.glob(f"sglang-{version}-*.whl"))
-    if not found:
-        cache.mkdir(parents=True, exist_ok=True)
+    if found:
+        return found[-1]
+    cache.mkdir(parents=True, exist_ok=True)
+    # Download privately, then publish with an atomic rename: a concurrent reader (another test
+    # worker, another job) never sees a half-written wheel.
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as private:
         proc = subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-             f"sglang=={version}", "-d", str(cache)],
+             f"sglang=={version}", "-d", private],
             capture_output=True, text=True,
         )
-        found = sorted(cache.glob(f"sglang-{version}-*.whl"))
-        if not found:
+        fetched = sorted(Path(private).glob(f"sglang-{version}-*.whl"))
+        if not fetched:
             raise RuntimeError(f"could not download sglang=={version}: {proc.stderr.strip()[-400:]}")
-    return found[-1]
+        os.replace(fetched[-1], cache / fetched[-1].name)
+    return cache / fetched[-1].name
 
 
 def unpack_sources(wheel: Path, dest: Path | None = None) -> Path:
