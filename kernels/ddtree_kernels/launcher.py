@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 import torch
 import triton
@@ -62,6 +62,7 @@ class VerifyPlan:
         return triton.cdiv(self.max_draft_tokens * self.num_heads, block_m)
 
 
+@lru_cache(maxsize=1024)  # a pure function of static arguments, asked on every verify call
 def plan_verify(
     batch_size: int,
     num_heads: int,

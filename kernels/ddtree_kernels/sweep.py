@@ -16,10 +16,9 @@ import sys
 import torch
 import triton
 
-from .bench import Case, Problem, ceilings
+from .bench import Case, Problem, ceilings, time_in_graphs
 from .configs import PORTABLE, TileConfig
-from .launcher import Workspace, plan_verify, run_verify
-from .tree import MASK_COMPACT
+from .launcher import Workspace, plan_verify
 
 
 def time_config(case: Case, tile: TileConfig, device: str = "cuda") -> tuple[float, int]:
@@ -30,22 +29,7 @@ def time_config(case: Case, tile: TileConfig, device: str = "cuda") -> tuple[flo
     plan = plan_verify(case.bs, case.H, case.n, T, device, config=cfg)
     ws = Workspace.for_plan(plan, device)
     out = torch.empty(T, case.H, 512, dtype=torch.bfloat16, device=device)
-    graphs = []
-    for k, idx in p.pools:
-
-        def call(k=k, idx=idx):
-            run_verify(plan, ws, p.q, k, k[..., :512], p.kv, idx, p.k_tree, p.v_tree, p.qo, out,
-                       mask_mode=MASK_COMPACT, mask=p.vis.view(torch.uint8), mask_indptr=None,
-                       mask_row_stride=case.n, sm_scale=1 / 16, k_scale=p.k_scale, v_scale=p.k_scale)
-
-        call()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            call()
-        graphs.append(g)
-    turn = iter(range(1 << 62))
-    us = triton.testing.do_bench(lambda: graphs[next(turn) % len(graphs)].replay(), warmup=25, rep=200,
-                                 return_mode="median") * 1e3
+    us = time_in_graphs([lambda pool=pool: p.run_ours(plan, ws, out, pool) for pool in p.pools])
     return us, plan.num_splits
 
 
