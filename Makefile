@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 PYTEST_ARGS ?=
 
-.PHONY: help setup test test-gpu lint fit wheel clean bench-kernels sglang-wheel release-job smoke-test bench
+.PHONY: help setup test test-gpu lint fit wheel clean bench-kernels sglang-wheel release-job smoke-test bench \
+	deploy check rollback testhost testhost-down
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -15,6 +16,10 @@ help:  ## list the targets
 setup: $(BIN)/.installed  ## create .venv with the dev tools, ddtree_kernels and ddtree-ops (editable)
 
 $(BIN)/.installed: pyproject.toml kernels/pyproject.toml
+	@# The deploy tests' local test hosts need sshd (Debian's openssh-server); root installs it here.
+	@if [ ! -x /usr/sbin/sshd ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq openssh-server >/dev/null; \
+	  else echo "warning: /usr/sbin/sshd missing: the deploy tests need 'apt-get install openssh-server' (as root)"; fi; fi
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=25.1"
 	$(PY) -m pip install --quiet --group dev
@@ -23,11 +28,12 @@ $(BIN)/.installed: pyproject.toml kernels/pyproject.toml
 	@touch $@
 	@echo "setup done: $(VENV) ($$($(PY) -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'))"
 
-lint: setup  ## ruff
+lint: setup  ## ruff, and ansible-lint --profile production on playbooks/, roles/, inventory/
 	$(BIN)/ruff check .
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-lint --profile production --offline -q playbooks roles inventory
 
 test: setup lint  ## lint + every test that runs without a GPU (pytest exit 5, nothing collected, fails)
-	@$(BIN)/pytest -m "not gpu" -n 2 $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/pytest -m "not gpu" -n 2 --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 GPU_PYTHON ?= python3
@@ -47,8 +53,9 @@ sglang-wheel: setup  ## download the pinned SGLang wheel (no dependencies) into 
 
 ENDPOINT ?= http://127.0.0.1:30000
 SMOKE_ARGS ?=
-smoke-test: setup  ## smoke-test a live endpoint: make smoke-test ENDPOINT=http://host:30000 [SMOKE_ARGS="--min-accept-length 2"]
-	$(BIN)/ddtree-ops smoke --endpoint $(ENDPOINT) $(SMOKE_ARGS)
+smoke-test: setup  ## smoke-test: make smoke-test HOST=ct200 (on the host), or ENDPOINT=http://host:30000 from here
+	@if [ -n "$(HOST)" ]; then $(ANSIBLE) $(INVENTORY_ARG) playbooks/smoke.yml --limit $(HOST); \
+	else $(BIN)/ddtree-ops smoke --endpoint $(ENDPOINT) $(SMOKE_ARGS); fi
 
 BENCH_ARGS ?=
 bench: setup  ## decode throughput vs context length of a live endpoint: make bench ENDPOINT=... [BENCH_ARGS="--previous old.json"]
@@ -64,6 +71,35 @@ fit: setup  ## compile every kernel config for sm_120 and sm_90 offline, print t
 wheel: setup  ## build the ddtree_kernels wheel into dist/ (what the playbooks install)
 	$(PY) -m pip wheel --quiet --no-deps -w dist ./kernels
 	@ls dist/ddtree_kernels-*.whl
+
+# --- deployment (playbooks/, inventory/, roles/) ------------------------------------------
+# With HOST: the production inventory (or INVENTORY=...). Without HOST: a throwaway local test
+# host (a network namespace with its own sshd and a stand-in server; README "Deploy").
+HOST ?=
+INVENTORY ?= inventory/production/hosts.yml
+ARGS ?=
+ANSIBLE := ANSIBLE_CONFIG=ansible.cfg PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-playbook
+TESTHOST_DIR := .cache/testhosts
+INVENTORY_ARG = $(if $(HOST),-i $(INVENTORY),-i inventory/test)
+TARGET = $(if $(HOST),$(HOST),ct-test-1)
+
+deploy: setup  ## make deploy HOST=ct200 [ARGS="-e ddtree_sglang_version=0.5.23"]; no HOST: a local test host
+	@$(if $(HOST),,$(MAKE) --no-print-directory testhost)
+	$(ANSIBLE) $(INVENTORY_ARG) playbooks/deploy.yml --limit $(TARGET) $(ARGS)
+
+check: setup  ## make check HOST=ct200: what deploy would change (--check --diff), touching nothing
+	$(ANSIBLE) $(INVENTORY_ARG) playbooks/deploy.yml --limit $(TARGET) --check --diff $(ARGS)
+
+rollback: setup  ## make rollback HOST=ct200 [ARGS="-e rollback_to=RELEASE_ID"]
+	$(ANSIBLE) $(INVENTORY_ARG) playbooks/rollback.yml --limit $(TARGET) $(ARGS)
+
+testhost: setup  ## start the local test host ct-test-1 (kept until make testhost-down)
+	@if [ -f $(TESTHOST_DIR)/testhosts.json ] && ip netns list | grep -q '^ddt-host1'; then \
+	  echo "test host ct-test-1 is up (10.213.1.2:2222; make testhost-down removes it)"; \
+	else $(PY) -m tests.deploy.testhost up --dir $(TESTHOST_DIR) --count 1; fi
+
+testhost-down:  ## remove the local test host (kills only its own processes)
+	$(PY) -m tests.deploy.testhost down --dir $(TESTHOST_DIR)
 
 clean:  ## remove build outputs (keeps .venv)
 	rm -rf dist build kernels/build kernels/*.egg-info .pytest_cache .ruff_cache

@@ -3,14 +3,17 @@
     ddtree-ops patch check|apply|revert|status TARGET [--series NAME] [--patches DIR] [--json]
     ddtree-ops release-job [--versions 0.5.14,0.5.23] [--out DIR]
     ddtree-ops smoke --endpoint URL [--model M] [--min-accept-length X] [--wait S] [--json FILE]
+    ddtree-ops bundle --sglang-version 0.5.23 [--pip-source wheelhouse|index] [--out DIR] [--json]
     ddtree-ops bench --endpoint URL [--contexts 8192,...] [--concurrency 1,4] [--out DIR] [--previous FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from . import patchtool
@@ -77,6 +80,27 @@ def _bench(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _bundle(args: argparse.Namespace) -> int:
+    from .bundle import BundleError, BundleSpec, build_bundle
+
+    spec = BundleSpec(sglang_version=args.sglang_version or "", sglang_git_url=args.sglang_git_url or "",
+                      sglang_git_commit=args.sglang_git_commit or "", pip_source=args.pip_source,
+                      with_dependencies=not args.no_dependencies, python_version=args.python_version or "",
+                      platforms=args.platform or [], extra_constraints=args.constraint or [],
+                      extra_wheels=args.extra_wheel or [], extra_packages=args.extra_package or [],
+                      patches=args.patches or "")
+    try:
+        bundle = build_bundle(spec, args.out, log=lambda msg: print(msg, file=sys.stderr))
+    except BundleError as exc:
+        print(f"ddtree-ops bundle: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(asdict(bundle)))
+    else:
+        print(f"bundle {bundle.id}: {bundle.tar}")
+    return 0
+
+
 def _endpoint_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", default=os.environ.get("DDTREE_ENDPOINT", "http://127.0.0.1:30000"),
                    help="base URL of the SGLang server (default $DDTREE_ENDPOINT or http://127.0.0.1:30000)")
@@ -112,6 +136,22 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--wait", type=float, default=0.0, help="poll /health_generate this long before failing")
     s.add_argument("--json", help="also write the report as JSON to this file")
     s.set_defaults(func=_smoke)
+
+    u = sub.add_parser("bundle", help="build the release bundle a host installs (wheels, patches, pins)")
+    u.add_argument("--sglang-version", help="exact PyPI release")
+    u.add_argument("--sglang-git-url", help="instead of a release: git URL of the SGLang branch")
+    u.add_argument("--sglang-git-commit", help="with --sglang-git-url: the full 40-hex commit")
+    u.add_argument("--pip-source", choices=["wheelhouse", "index"], default="wheelhouse")
+    u.add_argument("--no-dependencies", action="store_true", help="hosts without the GPU stack (test hosts)")
+    u.add_argument("--python-version", help="the host's Python, e.g. 3.12 (default: this one)")
+    u.add_argument("--platform", action="append", help="the host's wheel platform tags (repeat)")
+    u.add_argument("--constraint", action="append", help="extra exact pin, e.g. torch==2.9.1 (repeat)")
+    u.add_argument("--extra-wheel", action="append", help="a local wheel to ship and install as well (repeat)")
+    u.add_argument("--extra-package", action="append", help="a requirement to install from the bundle (repeat)")
+    u.add_argument("--patches", help="patch folder with series.toml (default: the repository's patches/)")
+    u.add_argument("--out", default=".cache/bundles", help="bundle cache folder (default .cache/bundles)")
+    u.add_argument("--json", action="store_true", help="print the bundle description as JSON")
+    u.set_defaults(func=_bundle)
 
     b = sub.add_parser("bench", help="decode throughput against context length and concurrency")
     _endpoint_args(b)

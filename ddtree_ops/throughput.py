@@ -20,6 +20,7 @@ import itertools
 import json
 import random
 import statistics
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -153,7 +154,11 @@ def markdown(points: list[Point], ratios: dict, endpoint: str) -> str:
 
 
 def plot(points: list[Point], path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # hosts get ddtree-ops without it; the JSON and markdown carry the numbers
+        print(f"no plot written to {path}: install ddtree-ops[plot] (matplotlib) for it", file=sys.stderr)
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -9,20 +9,27 @@ the native /generate stream (cumulative text + meta_info), and /server_info
 Tokens come out at `tokens_per_s` per request: the first at `ttft_s`, then one verify
 step of `accept_length` tokens every accept_length / tokens_per_s seconds, so the
 throughput tests can check the computed TPOT, decode rate and acceptance exactly.
-Faults are switched on per test (Behaviour). test_standin_protocol.py validates its
+Faults are switched on per test (Behaviour). Run as a program (`main`), it takes SGLang's
+launch_server arguments and stands in for the GPU server on the deployment test hosts; there
+it reports the SGLang version installed beside it and the patch record, so a test can see
+which release answers on the port. test_standin_protocol.py validates its
 answers with the `openai` client and SGLang's own protocol models from the release
 wheel, so it cannot drift from the real API.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import os
+import signal
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 
 @dataclass
@@ -40,6 +47,8 @@ class Behaviour:
     wrong_usage: bool = False
     stream_fault: str | None = None  # "no_done" | "bad_json"
     default_completion_tokens: int = 12  # without ignore_eos
+    api_key: str | None = None  # as SGLang's --api-key: Bearer token on all but /health*, /ready*, /metrics*
+    extra_info: dict = field(default_factory=dict)  # more /server_info fields (the service mode's args)
 
 
 class StandInServer:
@@ -109,9 +118,21 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
+    def _refused(self) -> bool:
+        """SGLang's api-key rule (srt/utils/auth.py): 401 unless the Bearer token matches."""
+        key = self.b.api_key
+        if not key or self.path.startswith(("/health", "/ready", "/metrics")):
+            return False
+        if self.headers.get("Authorization") == f"Bearer {key}":
+            return False
+        self._json(401, {"error": "Unauthorized"})
+        return True
+
     # -- GET ---------------------------------------------------------------------------------
     def do_GET(self) -> None:
         b = self.b
+        if self._refused():
+            return
         if self.path in ("/health", "/health_generate"):
             warming = time.monotonic() - self.stand_in.started < b.warmup_s
             return self._json(503 if (b.never_healthy or warming) else 200, {})
@@ -122,12 +143,16 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == b.server_info_path:
             return self._json(200, {"version": b.version, "model_path": f"/models/{b.model}",
                                     "speculative_algorithm": "DDTREE", "page_size": 1,
-                                    "internal_states": [{"avg_spec_accept_length": float(b.accept_length)}]})
+                                    "internal_states": [{"avg_spec_accept_length": float(b.accept_length)}],
+                                    **b.extra_info})
         self._json(404, {"error": {"message": f"no route {self.path}"}})
 
     # -- POST --------------------------------------------------------------------------------
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
+        if self._refused():
+            self.rfile.read(length)
+            return
         try:
             body = json.loads(self.rfile.read(length) or b"{}")
         except ValueError:
@@ -227,3 +252,54 @@ class _Handler(BaseHTTPRequestHandler):
         if b.stream_fault != "no_done":
             self._event("[DONE]")
         self._sse_end()
+
+
+# -- service mode: the deployment test hosts run this in place of `python -m sglang.launch_server` --
+
+def _installed_sglang() -> tuple[str, dict]:
+    """Version of the SGLang installed beside us and its patch record (what the deploy applied)."""
+    from importlib import metadata
+
+    version = metadata.version("sglang")
+    files = metadata.files("sglang") or []
+    init = next((f for f in files if str(f).replace("\\", "/") == "sglang/__init__.py"), None)
+    record = {}
+    if init is not None:
+        path = Path(str(init.locate())).parent / ".ddtree-patches.json"
+        if path.exists():
+            record = json.loads(path.read_text())
+    return version, record
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve like `sglang.launch_server`; faults come from STANDIN_* environment variables."""
+    ap = argparse.ArgumentParser(description="stand-in SGLang server (tests only)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--model-path", required=True)
+    ap.add_argument("--served-model-name")
+    ap.add_argument("--api-key")
+    args, rest = ap.parse_known_args(argv)
+    version, record = _installed_sglang()
+    env = os.environ
+    behaviour = Behaviour(
+        model=args.served_model_name or args.model_path,
+        version=version,
+        warmup_s=float(env.get("STANDIN_WARMUP_S", "1")),
+        never_healthy=env.get("STANDIN_NEVER_HEALTHY") == "1",
+        accept_length=int(env.get("STANDIN_ACCEPT_LENGTH", "4")),
+        api_key=args.api_key,
+        extra_info={"server_args": rest, "ddtree_patches": record,
+                    "verify_kernel": env.get("DDTREE_VERIFY_KERNEL", "")},
+    )
+    stop = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # before the server threads start, so they inherit it
+    server = StandInServer(behaviour, port=args.port, host=args.host)
+    print(f"stand-in SGLang {version} on {server.url} (args {' '.join(rest)})", flush=True)
+    with server:
+        signal.sigwait(stop)
+    print("stand-in SGLang: stopped on signal", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -76,3 +76,10 @@ def test_cli_passes_on_a_healthy_server(standin, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all checks passed" in proc.stdout
+
+
+def test_api_key_is_sent_and_required(standin):
+    url = standin(api_key="s3cret")
+    assert run_smoke(Endpoint(url, "s3cret", timeout=10), min_accept_length=1.5).ok
+    refused = run_smoke(Endpoint(url, None, timeout=10), min_accept_length=1.5)
+    assert not refused.ok and "401" in " ".join(failed(refused).values()), failed(refused)

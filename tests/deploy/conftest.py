@@ -1,0 +1,101 @@
+"""Two throwaway test hosts for the whole deploy suite, and helpers to run the real playbooks
+against them over SSH and to read back what is on each host."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import requests
+
+from . import testhost
+
+REPO = Path(__file__).resolve().parents[2]
+ROOT = "/srv/ddtree"
+UNIT = "/etc/systemd/system/sglang-ddtree.service"
+
+
+@dataclass
+class PlayResult:
+    rc: int
+    output: str
+    recap: dict[str, dict[str, int]]
+
+    def changed(self, host: str) -> int:
+        return self.recap.get(host, {}).get("changed", 0)
+
+
+def _parse_recap(output: str) -> dict[str, dict[str, int]]:
+    recap = {}
+    for line in output.split("PLAY RECAP")[-1].splitlines():
+        m = re.match(r"^(\S+)\s+:\s+(.*)$", line.strip())
+        if m:
+            recap[m.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
+    return recap
+
+
+@dataclass
+class Hosts:
+    workdir: Path
+    hosts: list[testhost.TestHost]
+    api_key: dict[str, str] = field(default_factory=dict)  # host -> the key its server was deployed with
+
+    def __getitem__(self, name: str) -> testhost.TestHost:
+        return next(h for h in self.hosts if h.name == name)
+
+    def play(self, playbook: str, *args: str, limit: str | None = None, extra: dict | None = None,
+             env: dict | None = None) -> PlayResult:
+        """Run playbooks/<playbook> with the test inventory; return exit code, output and recap."""
+        bindir = str(Path(sys.executable).parent)
+        cmd = [f"{bindir}/ansible-playbook", "-i", "inventory/test", f"playbooks/{playbook}", *args]
+        if limit:
+            cmd += ["--limit", limit]
+        if extra:
+            cmd += ["-e", json.dumps(extra)]
+        env = {**os.environ, "DDTREE_TESTHOST_DIR": str(self.workdir), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+               "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", "PATH": f"{bindir}:{os.environ['PATH']}",
+               **(env or {})}
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        out = proc.stdout + proc.stderr
+        (self.workdir / f"last-{playbook}.log").write_text(out)
+        return PlayResult(proc.returncode, out, _parse_recap(out))
+
+    def sh(self, host: str, command: str) -> str:
+        return testhost.on_host(self[host], command).stdout.strip()
+
+    def state(self, host: str) -> dict:
+        """What is on the host: current, each release's markers, the unit, the serving process."""
+        h = self[host]
+        current = self.sh(host, f"readlink {ROOT}/current || true")
+        releases = {}
+        for rid in self.sh(host, f"ls {ROOT}/releases 2>/dev/null || true").split():
+            markers = self.sh(host, f"ls -A {ROOT}/releases/{rid}").split()
+            releases[rid] = {m.lstrip("."): True for m in markers if m in (".complete", ".verified", ".failed")}
+        venvs = self.sh(host, f"ls {ROOT}/venvs 2>/dev/null || true").split()
+        # No PID namespace: pick this host's server by the address it binds.
+        pids = self.sh(host, f"pgrep -f '[s]glang_standin .*--host {h.address} ' || true").split()
+        auth = {"Authorization": f"Bearer {self.api_key[host]}"} if host in self.api_key else {}
+        try:
+            info = requests.get(f"http://{h.address}:30000/server_info", headers=auth, timeout=5).json()
+            health = requests.get(f"http://{h.address}:30000/health_generate", timeout=5).status_code
+        except requests.RequestException:
+            info, health = None, None
+        return {"current": current.removeprefix("releases/"), "releases": releases, "venvs": venvs,
+                "pids": pids, "info": info, "health": health}
+
+
+@pytest.fixture(scope="session")
+def hosts(tmp_path_factory) -> Hosts:
+    workdir = tmp_path_factory.mktemp("testhosts")
+    testhost.build_standin_wheel(workdir)
+    made = testhost.up(workdir, count=2)
+    try:
+        yield Hosts(workdir, made)
+    finally:
+        testhost.down(workdir, made)

@@ -1,0 +1,201 @@
+"""The real playbooks, run with ansible-playbook over SSH against two local test hosts.
+
+The cases run in file order and build on each other (one deploy history per host, as on a
+real server); each checks the state on the host itself: the `current` link, the release
+markers, the unit, the process and which SGLang version answers on the port.
+"""
+
+from __future__ import annotations
+
+import pwd
+import shutil
+
+import pytest
+import requests
+
+from .conftest import REPO, ROOT, UNIT, Hosts
+
+pytestmark = pytest.mark.xdist_group("testhosts")
+
+OLD, NEW = "0.5.22", "0.5.23"
+H1, H2 = "ct-test-1", "ct-test-2"
+
+
+def _deployed(hosts: Hosts, host: str, version: str) -> dict:
+    st = hosts.state(host)
+    assert st["health"] == 200, st
+    assert st["info"]["version"] == version, st["info"]
+    assert st["current"] in st["releases"], st
+    assert st["releases"][st["current"]] == {"complete": True, "verified": True}, st
+    assert len(st["pids"]) == 1, f"one server process expected on {host}: {st['pids']}"
+    return st
+
+
+def test_first_deploy_on_two_hosts(hosts: Hosts):
+    result = hosts.play("deploy.yml", extra={"ddtree_sglang_version": OLD})
+    assert result.rc == 0, result.output[-4000:]
+    for host in (H1, H2):
+        assert result.recap[host]["failed"] == 0
+        st = _deployed(hosts, host, OLD)
+        info = st["info"]
+        # the real SGLang wheel in the release venv was patched by the patch tool, both patches
+        assert [p["name"][:4] for p in info["ddtree_patches"]["patches"]] == ["0001", "0002"]
+        assert info["ddtree_patches"]["sglang_version"] == OLD
+        args = " ".join(info["server_args"])
+        assert "--speculative-algorithm DDTREE" in args and "--page-size 1" in args
+        assert "--attention-backend triton" in args and info["verify_kernel"] == "ddtree"
+        # the unit refers only to current/ and is valid for systemd
+        unit = hosts.sh(host, f"cat {UNIT}")
+        assert f"EnvironmentFile={ROOT}/current/sglang.env" in unit
+        assert f"ExecStart={ROOT}/current/venv/bin/python" in unit
+        assert "/releases/" not in unit and "KillMode=mixed" in unit and "User=sglang" in unit
+        verify = hosts.sh(host, f"cp {UNIT} /tmp/ddtree-verify.service && "
+                                f"systemd-analyze verify --man=no /tmp/ddtree-verify.service 2>&1; echo rc=$?")
+        assert verify == "rc=0", f"systemd-analyze verify printed: {verify}"
+        # secrets file 0600 root; server runs as the dedicated user, which exists only on the host
+        assert hosts.sh(host, f"stat -c '%a %U' {ROOT}/current/sglang.env") == "600 root"
+        assert hosts.sh(host, f"ps -o user= -p {st['pids'][0]}") == "sglang"
+        assert hosts.sh(host, f"readlink {ROOT}/current") == f"releases/{st['current']}"  # relative link
+    with pytest.raises(KeyError):
+        pwd.getpwnam("sglang")  # nothing reached this machine's /etc
+
+
+def test_second_deploy_changes_nothing(hosts: Hosts):
+    before = {h: hosts.state(h) for h in (H1, H2)}
+    result = hosts.play("deploy.yml", extra={"ddtree_sglang_version": OLD})
+    assert result.rc == 0, result.output[-4000:]
+    for host in (H1, H2):
+        assert result.changed(host) == 0, result.output[-4000:]
+        after = hosts.state(host)
+        assert after["pids"] == before[host]["pids"], "the server was restarted"
+        assert after["current"] == before[host]["current"] and after["releases"] == before[host]["releases"]
+
+
+def test_check_mode_reports_and_touches_nothing(hosts: Hosts):
+    before = hosts.state(H1)
+    listing = hosts.sh(H1, f"find {ROOT} /etc/systemd/system -printf '%p %s %T@\\n' | sort")
+    result = hosts.play("deploy.yml", "--check", "--diff", limit=H1, extra={"ddtree_sglang_version": NEW})
+    assert result.rc == 0, result.output[-4000:]
+    assert result.changed(H1) > 0  # it says what would change ...
+    assert "Switch current to" in result.output
+    after = hosts.state(H1)  # ... and changed none of it
+    assert hosts.sh(H1, f"find {ROOT} /etc/systemd/system -printf '%p %s %T@\\n' | sort") == listing
+    assert after["pids"] == before["pids"] and after["info"]["version"] == OLD
+
+
+def test_upgrade_to_a_new_pin(hosts: Hosts):
+    old = hosts.state(H1)["current"]
+    result = hosts.play("deploy.yml", limit=H1, extra={"ddtree_sglang_version": NEW})
+    assert result.rc == 0, result.output[-4000:]
+    st = _deployed(hosts, H1, NEW)
+    assert st["current"] != old and st["releases"][old] == {"complete": True, "verified": True}
+    assert len(st["venvs"]) == 2
+    assert f"roll back: ansible-playbook -i inventory/test playbooks/rollback.yml --limit {H1}" in result.output
+    assert hosts.state(H2)["info"]["version"] == OLD  # --limit kept the other host out
+
+
+def test_patch_that_does_not_apply_switches_nothing(hosts: Hosts, tmp_path):
+    before = hosts.state(H1)
+    broken = tmp_path / "patches"
+    shutil.copytree(REPO / "patches", broken)
+    patch = next(broken.rglob("0002-*.patch"))
+    text = patch.read_text()
+    hunk = text.index("\n@@ ")  # a context line of the first hunk (not the diffstat above it)
+    first_context = next(line for line in text[hunk:].splitlines()[2:] if line.startswith(" ") and line.strip())
+    patch.write_text(text[:hunk] + text[hunk:].replace(first_context, first_context + "  # not in SGLang", 1))
+    result = hosts.play("deploy.yml", limit=H1, extra={"ddtree_sglang_version": NEW, "ddtree_patches_dir": str(broken)})
+    assert result.rc != 0
+    assert "Apply the patch set" in result.output and "0002-" in result.output
+    assert "nothing was switched" in result.output
+    after = hosts.state(H1)
+    assert after["current"] == before["current"] and after["pids"] == before["pids"]
+    assert after["releases"] == before["releases"] and sorted(after["venvs"]) == sorted(before["venvs"])
+    assert after["info"]["version"] == NEW and after["health"] == 200
+
+
+def test_health_never_ready_rolls_back(hosts: Hosts):
+    before = hosts.state(H1)
+    result = hosts.play("deploy.yml", limit=H1, extra={
+        "ddtree_sglang_version": NEW, "ddtree_health_timeout_s": 4,
+        "ddtree_env": {"STANDIN_WARMUP_S": "1", "STANDIN_NEVER_HEALTHY": "1"}})
+    assert result.rc != 0
+    assert "Wait for /health_generate" in result.output
+    assert f"Release {before['current']} is serving again" in result.output
+    after = hosts.state(H1)
+    assert after["current"] == before["current"] and after["health"] == 200 and after["info"]["version"] == NEW
+    failed = [r for r, m in after["releases"].items() if m.get("failed")]
+    assert len(failed) == 1 and failed[0] not in before["releases"]
+    assert "verified" not in after["releases"][failed[0]]
+
+
+def test_smoke_failure_rolls_back(hosts: Hosts):
+    before = hosts.state(H1)
+    result = hosts.play("deploy.yml", limit=H1, extra={
+        "ddtree_sglang_version": NEW, "ddtree_env": {"STANDIN_WARMUP_S": "1", "STANDIN_ACCEPT_LENGTH": "1"}})
+    assert result.rc != 0
+    assert "Smoke-test the endpoint" in result.output and "accept" in result.output
+    after = hosts.state(H1)
+    assert after["current"] == before["current"] and after["info"]["version"] == NEW
+    assert after["pids"] != before["pids"], "the previous release was restarted"
+    assert sum(1 for m in after["releases"].values() if m.get("failed")) == 2
+
+
+def test_rollback_picks_the_newest_verified_release_and_skips_failed(hosts: Hosts):
+    st = hosts.state(H1)
+    new_release = st["current"]
+    verified = [r for r, m in st["releases"].items() if m.get("verified") and r != new_release]
+    assert len(verified) == 1  # the OLD release; the two failed ones are newer but must be skipped
+    result = hosts.play("rollback.yml", limit=H1)
+    assert result.rc == 0, result.output[-4000:]
+    back = _deployed(hosts, H1, OLD)
+    assert back["current"] == verified[0] and back["pids"] != st["pids"]
+
+    # by id, back to the new release; an unknown id is refused and changes nothing
+    result = hosts.play("rollback.yml", limit=H1, extra={"rollback_to": new_release})
+    assert result.rc == 0, result.output[-4000:]
+    assert _deployed(hosts, H1, NEW)["current"] == new_release
+    result = hosts.play("rollback.yml", limit=H1, extra={"rollback_to": "no-such-release"})
+    assert result.rc != 0 and "does not exist" in result.output and new_release in result.output
+    assert hosts.state(H1)["current"] == new_release
+
+
+def test_rolling_deploy_stops_at_the_first_failing_host(hosts: Hosts):
+    before = {h: hosts.state(h) for h in (H1, H2)}
+    result = hosts.play("deploy.yml", extra={
+        "ddtree_sglang_version": NEW, "ddtree_health_timeout_s": 3,
+        "ddtree_env": {"STANDIN_WARMUP_S": "1", "STANDIN_NEVER_HEALTHY": "1", "ROLL": "1"}})
+    assert result.rc != 0
+    assert result.recap[H1]["failed"] == 1
+    assert H2 not in result.recap or result.recap[H2]["ok"] == 0, result.recap
+    h2 = hosts.state(H2)
+    assert h2 == {**before[H2], "health": 200}  # untouched: same release, process, version
+    assert hosts.state(H1)["current"] == before[H1]["current"]
+
+
+def test_pruning_keeps_current_and_previous_verified(hosts: Hosts):
+    st = hosts.state(H2)
+    r1 = st["current"]  # the OLD release, verified
+    keep = {"ddtree_sglang_version": NEW, "ddtree_releases_keep": 2}
+    assert hosts.play("deploy.yml", limit=H2, extra={**keep, "ddtree_ddtree_budget": 32}).rc == 0
+    r2 = hosts.state(H2)["current"]
+    failing = hosts.play("deploy.yml", limit=H2, extra={**keep, "ddtree_ddtree_budget": 16,
+                                                         "ddtree_env": {"STANDIN_ACCEPT_LENGTH": "1"}})
+    assert failing.rc != 0
+    st = hosts.state(H2)
+    r3 = next(r for r, m in st["releases"].items() if m.get("failed"))
+    assert set(st["releases"]) == {r1, r2, r3}  # a failed deploy prunes nothing
+    # this deploy also takes the API key from the operator's environment, as production does
+    key = "test-key-0123456789"
+    result = hosts.play("deploy.yml", limit=H2, extra={**keep, "ddtree_ddtree_budget": 8}, env={"DDTREE_API_KEY": key})
+    assert result.rc == 0, result.output[-4000:]
+    assert key not in result.output  # no_log on the env file, the smoke test gets it from the environment
+    hosts.api_key[H2] = key
+    st = hosts.state(H2)
+    r4 = st["current"]
+    # 4 releases, keep 2: the failed one goes first, then the oldest verified; r2 stays as the previous verified
+    assert set(st["releases"]) == {r2, r4}, (r1, r2, r3, r4, st["releases"])
+    assert st["venvs"] == [r4.split("-")[0]]  # r1's venv (the OLD bundle) went with it
+    assert hosts.sh(H2, f"ls {ROOT}/shared/bundles") == f"{r4.split('-')[0]}.tar"
+    assert "--speculative-ddtree-budget 8" in " ".join(st["info"]["server_args"])
+    assert hosts.sh(H2, f"grep -c {key} {ROOT}/current/sglang.env") == "1"
+    assert requests.get(f"http://{hosts[H2].address}:30000/server_info", timeout=5).status_code == 401

@@ -1,0 +1,52 @@
+"""Bad settings stop the deploy before any host is touched, with a message naming the variable.
+
+These plays fail in validation, which runs on the controller: no test host is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _deploy(inventory: str, limit: str, extra: dict | None = None) -> subprocess.CompletedProcess:
+    bindir = Path(sys.executable).parent
+    cmd = [str(bindir / "ansible-playbook"), "-i", inventory, "playbooks/deploy.yml", "--limit", limit]
+    if extra:
+        cmd += ["-e", json.dumps(extra)]
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "PATH": f"{bindir}:{os.environ['PATH']}", "DDTREE_TESTHOST_DIR": "/nonexistent"}
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(("extra", "names"), [
+    ({"ddtree_port": "not-a-port"}, ["ddtree_port"]),
+    ({"ddtree_verify_kernel": "flashinfer"}, ["ddtree_verify_kernel", "ddtree, sglang"]),
+    ({"ddtree_page_size": 16}, ["ddtree_page_size"]),
+    ({"ddtree_sglang_version": ">=0.5.20"}, ["ddtree_sglang_version"]),
+    ({"ddtree_sglang_version": "", "ddtree_sglang_git_url": "https://example.invalid/sglang.git",
+      "ddtree_sglang_git_commit": "main"}, ["ddtree_sglang_git_commit", "40-hex"]),
+    ({"ddtree_releases_keep": 1}, ["ddtree_releases_keep"]),
+    ({"ddtree_env": {"BAD NAME": "x"}}, ["ddtree_env"]),
+])
+def test_bad_setting_fails_naming_the_variable(extra, names):
+    proc = _deploy("inventory/test", "ct-test-1", extra)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "UNREACHABLE" not in out, "validation must fail before connecting"
+    for name in names:
+        assert name in out, out[-3000:]
+
+
+def test_production_placeholders_are_refused():
+    proc = _deploy("inventory/production/hosts.yml", "ct200")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "CHANGE-ME placeholder" in out and "inventory/production/hosts.yml" in out
+    assert "UNREACHABLE" not in out

@@ -1,0 +1,242 @@
+"""Throwaway test hosts on this machine, for the deployment tests (no GPU server exists in CI).
+
+Each host is a network namespace joined to this machine by a veth pair, with its own sshd
+(own host key, own port, key-only root login) running under `unshare --mount --uts`. Inside
+that mount namespace the host gets private tmpfs on /srv, /run, /var/log and a private copy of
+/etc (so the playbook's user, unit file and env file never reach this machine), and
+docker-systemctl-replacement is bind-mounted over `systemctl`: it runs unit files without
+systemd. Everything else (the Python installs, /usr) is this machine's, read as it is.
+
+Teardown kills only the processes inside the test's namespaces (by PID, `ip netns pids`),
+then deletes the namespaces and veth pairs, also when the test failed.
+
+Run `python -m tests.deploy.testhost up` / `down` to keep hosts around by hand (make deploy
+with no HOST does this).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+SSH_PORT = 2222
+# The hosts' fixed addresses match inventory/test/hosts.yml: host i is 10.213.i.2, this machine 10.213.i.1.
+SUBNET = "10.213"
+STATE_FILE = "testhosts.json"
+
+
+@dataclass
+class TestHost:
+    name: str
+    index: int
+    netns: str
+    veth: str
+    address: str
+    pid: int  # the `unshare` process holding the host's mount namespace (sshd runs in it)
+    exec_prefix: list[str]  # run a command "on" the host: nsenter into its namespaces
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+
+
+def _require_tools() -> None:
+    missing = [t for t in ("ip", "unshare", "nsenter", "ssh-keygen", "/usr/sbin/sshd") if not shutil.which(t)]
+    if missing:
+        raise RuntimeError(f"test hosts need {', '.join(missing)}: run `make setup` as root (installs openssh-server)")
+    if os.geteuid() != 0:
+        raise RuntimeError("test hosts need root (network namespaces, mounts): run the tests as root")
+
+
+def systemctl_replacement() -> Path:
+    """The single-file systemctl of docker-systemctl-replacement, from the installed package."""
+    import systemctl2.systemctl3 as mod  # the PyPI package docker-systemctl-replacement
+
+    return Path(mod.__file__)
+
+
+def _host_script(workdir: Path, index: int, hostname: str) -> str:
+    """Shell run inside `unshare --mount --uts` in the netns: private mounts, then exec sshd."""
+    etc = workdir / f"etc-{index}"
+    sysctl = workdir / "systemctl"
+    return textwrap.dedent(f"""\
+        set -e
+        hostname {hostname}
+        for d in /srv /run /var/log; do mount -t tmpfs -o mode=755 tmpfs $d; done
+        mkdir -p {etc} && mount -t tmpfs -o mode=755 tmpfs {etc} && cp -a /etc/. {etc}/
+        mount --bind {etc} /etc
+        mount --bind {sysctl} /usr/bin/systemctl
+        mkdir -p /run/sshd /etc/systemd/system /var/log/journal
+        ip link set lo up
+        exec /usr/sbin/sshd -D -e -f {workdir}/sshd_config-{index}
+    """)
+
+
+def _write_keys(workdir: Path) -> None:
+    for name, comment in (("id_ed25519", "ddtree-test-controller"), ("host_ed25519", "ddtree-test-host")):
+        if not (workdir / name).exists():
+            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(workdir / name)])
+    shutil.copy(workdir / "id_ed25519.pub", workdir / "authorized_keys")
+    os.chmod(workdir / "authorized_keys", 0o600)
+
+
+def _write_sshd_config(workdir: Path, index: int, address: str) -> None:
+    (workdir / f"sshd_config-{index}").write_text(textwrap.dedent(f"""\
+        Port {SSH_PORT}
+        ListenAddress {address}
+        HostKey {workdir}/host_ed25519
+        PidFile {workdir}/sshd-{index}.pid
+        AuthorizedKeysFile {workdir}/authorized_keys
+        PermitRootLogin prohibit-password
+        PasswordAuthentication no
+        KbdInteractiveAuthentication no
+        UsePAM no
+        StrictModes no
+        AcceptEnv LANG LC_*
+        Subsystem sftp internal-sftp
+    """))
+
+
+def _wait_port(host: TestHost, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host.address, SSH_PORT), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"sshd on test host {host.name} ({host.address}:{SSH_PORT}) did not come up in {timeout:.0f} s; "
+                       f"see {host.netns} with `ip netns exec {host.netns} ss -ltnp`")
+
+
+def up(workdir: Path, count: int = 2, prefix: str = "ddt") -> list[TestHost]:
+    """Create `count` hosts (ct-test-1 …), write their keys and known_hosts under workdir, return them."""
+    _require_tools()
+    workdir.mkdir(parents=True, exist_ok=True)
+    os.chmod(workdir, 0o700)
+    _write_keys(workdir)
+    sysctl = workdir / "systemctl"
+    sysctl.write_text("#!/usr/bin/python3\n" + systemctl_replacement().read_text().split("\n", 1)[1])
+    sysctl.chmod(0o755)
+    hosts: list[TestHost] = []
+    known = []
+    try:
+        for i in range(1, count + 1):
+            netns, veth = f"{prefix}-host{i}", f"{prefix}v{i}"
+            if netns in _run(["ip", "netns", "list"]).stdout.split():
+                raise RuntimeError(f"network namespace {netns} already exists: another test run holds it, "
+                                   f"or a crashed one left it (remove with `python -m tests.deploy.testhost down`)")
+            address = f"{SUBNET}.{i}.2"
+            _run(["ip", "netns", "add", netns])
+            _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns])
+            _run(["ip", "addr", "add", f"{SUBNET}.{i}.1/30", "dev", veth])
+            _run(["ip", "link", "set", veth, "up"])
+            _run(["ip", "netns", "exec", netns, "ip", "addr", "add", f"{address}/30", "dev", "eth0"])
+            _run(["ip", "netns", "exec", netns, "ip", "link", "set", "eth0", "up"])
+            _write_sshd_config(workdir, i, address)
+            with open(workdir / f"host{i}.log", "ab") as log:  # the child keeps its own copy
+                proc = subprocess.Popen(
+                    ["ip", "netns", "exec", netns, "unshare", "--mount", "--uts", "--propagation", "private",
+                     "sh", "-c", _host_script(workdir, i, f"ct-test-{i}")],
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            host = TestHost(f"ct-test-{i}", i, netns, veth, address, proc.pid,
+                            ["nsenter", "-t", str(proc.pid), "-n", "-m", "-u"])
+            hosts.append(host)
+            _wait_port(host)
+            pub = (workdir / "host_ed25519.pub").read_text().split()[:2]
+            known.append(f"[{address}]:{SSH_PORT} {' '.join(pub)}\n")
+        (workdir / "known_hosts").write_text("".join(known))
+        (workdir / STATE_FILE).write_text(json.dumps([asdict(h) for h in hosts], indent=1))
+    except BaseException:
+        down(workdir, hosts)
+        raise
+    return hosts
+
+
+def build_standin_wheel(workdir: Path) -> Path:
+    """Package tests/endpoint/standin_server.py as `sglang_standin`, the server the test hosts run."""
+    src = Path(__file__).resolve().parent.parent / "endpoint" / "standin_server.py"
+    out = workdir / "wheels"
+    wheel = out / "sglang_standin-0.1.0-py3-none-any.whl"
+    proj = workdir / "standin-src"
+    shutil.rmtree(proj, ignore_errors=True)
+    proj.mkdir(parents=True)
+    shutil.copy(src, proj / "sglang_standin.py")
+    (proj / "pyproject.toml").write_text(textwrap.dedent("""\
+        [build-system]
+        requires = ["setuptools>=68"]
+        build-backend = "setuptools.build_meta"
+        [project]
+        name = "sglang-standin"
+        version = "0.1.0"
+        description = "stand-in SGLang server for the deployment test hosts (tests only)"
+        requires-python = ">=3.10"
+        [tool.setuptools]
+        py-modules = ["sglang_standin"]
+    """))
+    wheel.unlink(missing_ok=True)
+    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+          "-w", str(out), str(proj)])
+    if not wheel.exists():
+        raise RuntimeError(f"building the stand-in wheel did not produce {wheel}")
+    return wheel
+
+
+def load(workdir: Path) -> list[TestHost]:
+    path = workdir / STATE_FILE
+    return [TestHost(**h) for h in json.loads(path.read_text())] if path.exists() else []
+
+
+def down(workdir: Path, hosts: list[TestHost] | None = None) -> None:
+    """Kill every process inside the hosts' namespaces (only those), delete namespaces and links."""
+    hosts = load(workdir) if hosts is None else hosts
+    for host in hosts:
+        pids = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True).stdout.split()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in [*pids, str(host.pid)]:
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), sig)
+            if sig == signal.SIGTERM:
+                time.sleep(0.3)
+        subprocess.run(["ip", "link", "del", host.veth], capture_output=True)
+        subprocess.run(["ip", "netns", "del", host.netns], capture_output=True)
+    (workdir / STATE_FILE).unlink(missing_ok=True)
+
+
+def on_host(host: TestHost, command: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run a shell command inside the host's namespaces (what the host itself would see)."""
+    return subprocess.run([*host.exec_prefix, "sh", "-c", command], capture_output=True, text=True, check=check)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.deploy.testhost", description=__doc__.split("\n")[0])
+    ap.add_argument("action", choices=["up", "down"])
+    ap.add_argument("--dir", default=".cache/testhosts", help="keys, known_hosts and state (default .cache/testhosts)")
+    ap.add_argument("--count", type=int, default=1)
+    args = ap.parse_args(argv)
+    workdir = Path(args.dir).resolve()
+    if args.action == "down":
+        down(workdir)
+        print(f"test hosts in {workdir} removed")
+        return 0
+    if load(workdir):
+        down(workdir)
+    build_standin_wheel(workdir)
+    for h in up(workdir, args.count):
+        print(f"{h.name}: root@{h.address} port {SSH_PORT} (netns {h.netns}), key {workdir}/id_ed25519")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
