@@ -33,7 +33,7 @@ lint: setup  ## ruff, and ansible-lint --profile production on playbooks/, roles
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-lint --profile production --offline -q playbooks roles inventory
 
 test: setup lint  ## lint + every test that runs without a GPU (pytest exit 5, nothing collected, fails)
-	@$(BIN)/pytest -m "not gpu" -n 2 --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/pytest -m "not gpu" -n 2 --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 GPU_PYTHON ?= python3

@@ -8,6 +8,7 @@ Every configuration here is compiled offline for sm_120 and sm_90 by the fit tes
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 # Shared memory a block may use (bytes), by compute capability.
@@ -38,7 +39,20 @@ class VerifyConfig:
     merge_num_warps: int = 4
     ctas_per_sm: int = 2  # prefix programs to aim for, per SM, when choosing the split count
     max_splits: int = 512
-    min_chunk: int = 512  # fewest prefix keys a split takes (short prefixes use fewer splits)
+    min_chunk: int = 128  # fewest prefix keys a split takes (short prefixes use fewer splits)
+    # bf16/fp16 cache with V read from K: a taller tile reads each gathered key tile for more
+    # rows. Used when a request has at least wide_min_rows rows (draft tokens x heads) and the
+    # batch at least wide_min_batch_rows, so short single requests keep enough programs.
+    prefix_wide: TileConfig | None = None
+    wide_min_rows: int = 64
+    wide_min_batch_rows: int = 128
+
+    def prefix_for(self, rows_per_request: int, batch_size: int = 1) -> TileConfig:
+        """The bf16 prefix tile for a batch of requests of up to this many rows each."""
+        if (self.prefix_wide is not None and rows_per_request >= self.wide_min_rows
+                and rows_per_request * batch_size >= self.wide_min_batch_rows):
+            return self.prefix_wide
+        return self.prefix
 
 
 # Measured on an H200 with CUDA-graph timing (BENCHMARKS.md, scratch sweeps summarised in
@@ -53,13 +67,21 @@ PORTABLE = VerifyConfig(
     tree=TileConfig(block_m=32, block_n=32, num_warps=8, num_stages=1),
 )
 
+# Hopper (sm_90, 227 KB of shared memory a block): 64-row tiles for batches of 128+ rows.
+# Measured on the H200 in CUDA graphs (kernels/results/sweep-h200.log): 185k H8 n33
+# 1723 -> 819 µs, 185k H16 n9 920 -> 478 µs, 64k H16 n9 297 -> 204 µs, bs4 x 64k H8 n9
+# 695 -> 463 µs; a single H8 n9 request (72 rows) is faster on 16-row tiles up to 131k
+# (135 vs 151 µs at 64k), and decode (8 rows) much faster (104 vs 194 µs). The wide tile
+# takes 148 KB of shared memory (cannot load on sm_120) and spills 248 B on sm_90.
+HOPPER = dataclasses.replace(PORTABLE, prefix_wide=TileConfig(block_m=64, block_n=32, num_warps=8, num_stages=3))
+
 # Chosen by (major, minor) compute capability; anything not listed gets PORTABLE.
 BY_CAPABILITY: dict[tuple[int, int], VerifyConfig] = {
     (12, 0): PORTABLE,
-    (9, 0): PORTABLE,
+    (9, 0): HOPPER,
 }
 
-SHIPPED: dict[str, VerifyConfig] = {"portable": PORTABLE}
+SHIPPED: dict[str, VerifyConfig] = {"portable": PORTABLE, "hopper": HOPPER}
 
 
 def config_for(capability: tuple[int, int] | None) -> VerifyConfig:

@@ -5,8 +5,9 @@
 
 No GPU is needed: Triton compiles for a named target (sm_120, sm_90) and the
 cuobjdump bundled with Triton reads registers, stack and local memory from the
-cubin. A variant fits when its shared memory is within the target's per-block
-limit and nothing spills (stack frame and local memory both zero). The JIT's
+cubin. A variant fits when it compiles and its shared memory is within the target's
+per-block limit; spills (stack frame, local memory) are reported beside it, and the
+tests require none on sm_120. The JIT's
 16-byte divisibility hints are passed for the arguments that get them in real
 calls, or the shared-memory figure would not be the one the JIT produces.
 """
@@ -69,7 +70,14 @@ class FitResult:
 
     @property
     def fits(self) -> bool:
-        return not self.error and self.shared <= self.shared_limit and self.stack == 0 and self.local == 0
+        """It compiles and its shared memory fits, so it launches. Spills are reported apart:
+        sm_120 configs must have none (tests/kernels/test_fit.py); an sm_90-only tile may
+        spill a little where it was measured faster anyway (configs.HOPPER)."""
+        return not self.error and self.shared <= self.shared_limit
+
+    @property
+    def spills(self) -> int:
+        return self.stack + self.local
 
 
 def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int]]:
@@ -77,13 +85,17 @@ def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int]]
     dims = dict(H=8, D_V=512, D_R=64, BLOCK_DV=512, BLOCK_DR=64)
     tc = conf.tree
     out = []
-    for kv, v_from_k, pc in (("bf16", True, conf.prefix), ("fp8e4nv", True, conf.prefix_fp8),
-                             ("fp8e4nv", False, conf.prefix_fp8), ("bf16", False, conf.prefix_split_v)):
+    prefixes = [("bf16", True, conf.prefix), ("fp8e4nv", True, conf.prefix_fp8),
+                ("fp8e4nv", False, conf.prefix_fp8), ("bf16", False, conf.prefix_split_v)]
+    if conf.prefix_wide is not None:
+        prefixes.append(("bf16", True, conf.prefix_wide))
+    for kv, v_from_k, pc in prefixes:
         sig = {k: (kv if v == "*KV" else v) for k, v in _PREFIX_SIG.items()}
         sig = {k: ("*" + kv if v == kv else v) for k, v in sig.items()}
         const = dict(dims, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n,
                      V_FROM_K=v_from_k, SCALE_FROM_PTR=False, WIDEN_TO_FP16=kv != "bf16", DOT_FP32=False)
-        out.append(("prefix", f"kv={kv},v_from_k={v_from_k}", sig, const, pc.num_warps, pc.num_stages))
+        wide = ",wide" if pc is conf.prefix_wide else ""
+        out.append(("prefix", f"kv={kv},v_from_k={v_from_k}{wide}", sig, const, pc.num_warps, pc.num_stages))
     for mode, name in ((1, "sglang_flat"), (0, "chain"), (2, "compact")):
         const = dict(dims, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, MASK_MODE=mode, DOT_FP32=False)
         out.append(("tree", f"mask={name}", dict(_TREE_SIG), const, tc.num_warps, tc.num_stages))
@@ -166,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{'stack':>5} {'local':>5}  verdict")
         for r in results:
             verdict = "ok" if r.fits else ("DOES NOT FIT" if r.must_fit else "not chosen here")
+            if r.fits and r.spills:
+                verdict += f" (spills {r.spills} B)"
             print(f"{r.config:10} {r.target:7} {r.kernel:7} {r.variant:26} {r.shared:8} {r.shared_limit:8} "
                   f"{r.registers:5} {r.stack:5} {r.local:5}  {verdict} {r.error}")
     return 0 if all(r.fits for r in results if r.must_fit) else 1

@@ -88,7 +88,8 @@ def plan_verify(
     capability, sm_count = _device_facts(torch.device(device))
     config = config or config_for(capability)
     if num_splits is None:
-        row_blocks = triton.cdiv(max_draft_tokens * num_heads, config.prefix.block_m)
+        rows = max_draft_tokens * num_heads
+        row_blocks = triton.cdiv(rows, config.prefix_for(rows, batch_size).block_m)
         wanted = math.ceil(config.ctas_per_sm * sm_count / (row_blocks * batch_size))
         num_splits = max(1, min(config.max_splits, wanted))
     return VerifyPlan(batch_size, num_heads, max_draft_tokens, total_tokens, d_v, d_rope, num_splits, config)
@@ -194,7 +195,7 @@ def run_verify(
     if k_buf.dtype == torch.float8_e4m3fn:
         pc = conf.prefix_fp8
     else:
-        pc = conf.prefix if v_from_k else conf.prefix_split_v
+        pc = conf.prefix_for(plan.max_draft_tokens * H, plan.batch_size) if v_from_k else conf.prefix_split_v
     prefix_split_kernel[(plan.row_blocks(pc.block_m), plan.num_splits, plan.batch_size)](
         q, k_buf, v_buf, kv_indices, qo_indptr, kv_indptr,
         o_part, lse_part,

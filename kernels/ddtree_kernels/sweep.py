@@ -21,9 +21,10 @@ from .configs import PORTABLE, TileConfig
 from .launcher import Workspace, plan_verify
 
 
-def time_config(case: Case, tile: TileConfig, device: str = "cuda") -> tuple[float, int]:
+def time_config(case: Case, tile: TileConfig, device: str = "cuda", min_chunk: int | None = None) -> tuple[float, int]:
     """Median µs of one verify call in a replayed CUDA graph (pools rotated), and the split count."""
-    cfg = dataclasses.replace(PORTABLE, prefix=tile, prefix_fp8=tile)
+    cfg = dataclasses.replace(PORTABLE, prefix=tile, prefix_fp8=tile, prefix_wide=None,
+                              min_chunk=min_chunk or PORTABLE.min_chunk)
     p = Problem(case, device)
     T = case.bs * case.n
     plan = plan_verify(case.bs, case.H, case.n, T, device, config=cfg)
@@ -43,16 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tile", action="append", type=_tile, required=True, help="MxNxWARPSxSTAGES")
     ap.add_argument("--case", action="append", required=True, help="bs,L,H,n")
     ap.add_argument("--fp8", action="store_true", help="fp8_e4m3 KV cache")
+    ap.add_argument("--min-chunk", type=int, action="append", help="fewest keys a split takes (repeat to compare)")
     args = ap.parse_args(argv)
     copy, mm = ceilings("cuda")
     print(f"{torch.cuda.get_device_name()}: copy {copy:.0f} GB/s, matmul {mm:.0f} TFLOP/s, Triton {triton.__version__}")
     for spec in args.case:
         case = Case(*(int(x) for x in spec.split(",")), fp8=args.fp8)
         floor = max(case.kv_bytes() / copy / 1e3, case.flops() / mm / 1e6)
-        for tile in args.tile:
+        for tile, chunk in [(t, c) for t in args.tile for c in (args.min_chunk or [None])]:
             try:
-                us, splits = time_config(case, tile)
+                us, splits = time_config(case, tile, min_chunk=chunk)
                 print(f"{case.label:26} {tile.block_m}x{tile.block_n}x{tile.num_warps}x{tile.num_stages:<3} "
+                      f"chunk {chunk or PORTABLE.min_chunk:<5} "
                       f"{us:9.1f} µs  {case.kv_bytes() / us / 1e3:6.0f} GB/s  {floor / us:5.1%} of floor  "
                       f"splits {splits}", flush=True)
             except Exception as exc:  # a tile that does not compile or fit is a result, not a crash

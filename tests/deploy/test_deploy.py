@@ -2,7 +2,9 @@
 
 The cases run in file order and build on each other (one deploy history per host, as on a
 real server); each checks the state on the host itself: the `current` link, the release
-markers, the unit, the process and which SGLang version answers on the port.
+markers, the unit, the process and which SGLang version answers on the port. They share one
+file because `make test` distributes whole files (--dist loadfile): one worker owns the hosts.
+The last cases run fabfile.py's read-only tasks against the deployed hosts.
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ from __future__ import annotations
 import pwd
 import shutil
 
+import paramiko
 import pytest
 import requests
 
-from .conftest import REPO, ROOT, UNIT, Hosts
+import fabfile
 
-pytestmark = pytest.mark.xdist_group("testhosts")
+from .conftest import REPO, ROOT, UNIT, Hosts
 
 OLD, NEW = "0.5.22", "0.5.23"
 H1, H2 = "ct-test-1", "ct-test-2"
@@ -199,3 +202,36 @@ def test_pruning_keeps_current_and_previous_verified(hosts: Hosts):
     assert "--speculative-ddtree-budget 8" in " ".join(st["info"]["server_args"])
     assert hosts.sh(H2, f"grep -c {key} {ROOT}/current/sglang.env") == "1"
     assert requests.get(f"http://{hosts[H2].address}:30000/server_info", timeout=5).status_code == 401
+
+
+# -- fabfile.py ----------------------------------------------------------------------------
+
+@pytest.fixture
+def test_inventory(hosts: Hosts, monkeypatch):
+    monkeypatch.setenv("DDTREE_TESTHOST_DIR", str(hosts.workdir))
+    return "inventory/test"
+
+
+def test_status_reports_what_is_on_the_host(hosts: Hosts, test_inventory):
+    state = hosts.state("ct-test-1")
+    conn, hv = fabfile.connect("ct-test-1", test_inventory)
+    assert hv["ansible_host"] == "10.213.1.2" and hv["ansible_port"] in (2222, "2222")
+    report = fabfile.status_report(conn, hv)
+    current = state["current"]
+    assert f"current: {'releases/' + current if current else 'none'}" in report
+    for rid, markers in state["releases"].items():
+        assert any(line.strip().startswith(rid) and all(m in line for m in markers) for line in report.splitlines())
+    if state["info"]:
+        assert f"server: SGLang {state['info']['version']}, DDTREE" in report
+    assert "gpus: nvidia-smi not available" in report  # a test host has no GPU
+
+
+def test_unknown_host_key_is_refused(hosts: Hosts, tmp_path, monkeypatch):
+    # The same inventory, but a known_hosts without the test host's key (and no ~/.ssh either).
+    shutil.copy(hosts.workdir / "id_ed25519", tmp_path / "id_ed25519")
+    (tmp_path / "known_hosts").write_text("")
+    monkeypatch.setenv("DDTREE_TESTHOST_DIR", str(tmp_path))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    conn, _ = fabfile.connect("ct-test-1", "inventory/test")
+    with pytest.raises(paramiko.SSHException, match="not found in known_hosts"):
+        conn.run("true", hide=True)

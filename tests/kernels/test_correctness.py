@@ -79,12 +79,8 @@ def test_standalone_api_matches_reference(prefix, draft, heads, opts):
     torch.testing.assert_close(lse.double().cpu(), ref_lse, atol=2e-3, rtol=0, msg=f"lse, seed={case.seed}")
 
 
-@pytest.mark.parametrize("num_splits", [1, 3, 7, 40])
-def test_splits_that_do_not_divide_the_prefix(num_splits):
-    """Uneven and empty splits (40 splits of 32-key chunks over 777 keys leave some empty)."""
-    case = make_case([777, 5, 64], [9, 2, 4], 8, DEVICE)
-    config = dataclasses.replace(PORTABLE, min_chunk=32)
-    plan = plan_verify(3, 8, case.max_draft, case.q.shape[0], DEVICE, num_splits=num_splits, config=config)
+def _run_planned(plan, case) -> torch.Tensor:
+    """run_verify with a given plan on a compact-mask case; returns the (NaN-poisoned) output."""
     out = _poisoned_out(case)
     run_verify(
         plan, Workspace.for_plan(plan, DEVICE), case.q, case.k_cache, case.v_cache, case.kv_indptr,
@@ -92,7 +88,16 @@ def test_splits_that_do_not_divide_the_prefix(num_splits):
         mask_mode=MASK_COMPACT, mask=case.visibility.view(torch.uint8), mask_indptr=None,
         mask_row_stride=case.visibility.stride(0), sm_scale=case.sm_scale,
     )
-    assert_close(out, case.reference()[0], case)
+    return out
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 7, 40])
+def test_splits_that_do_not_divide_the_prefix(num_splits):
+    """Uneven and empty splits (40 splits of 32-key chunks over 777 keys leave some empty)."""
+    case = make_case([777, 5, 64], [9, 2, 4], 8, DEVICE)
+    config = dataclasses.replace(PORTABLE, min_chunk=32)
+    plan = plan_verify(3, 8, case.max_draft, case.q.shape[0], DEVICE, num_splits=num_splits, config=config)
+    assert_close(_run_planned(plan, case), case.reference()[0], case)
 
 
 def test_fp8_scales_as_device_tensors():
@@ -156,3 +161,16 @@ def test_one_workspace_serves_every_captured_batch_size():
     assert Workspace.part_rows(bigger) > product_max
     grown = shared_workspace(bigger, DEVICE)
     assert grown is not ws and grown.fits(bigger)  # grown; `ws` stays referenced for graphs captured on it
+
+
+@pytest.mark.parametrize("config_name", ["hopper"])
+def test_architecture_configs_match_reference(config_name):
+    """Configs chosen only on some GPUs (here: Hopper's 64-row tiles for requests of 64+ rows)
+    run on the CPU too, so their results are checked on every machine."""
+    from ddtree_kernels.configs import SHIPPED
+
+    config = dataclasses.replace(SHIPPED[config_name], min_chunk=64)
+    case = make_case([0, 700, 1300], [9, 5, 9], 8, DEVICE)  # 72 rows a request: the wide tile
+    assert config.prefix_for(case.max_draft * 8, 3) is config.prefix_wide
+    plan = plan_verify(3, 8, case.max_draft, case.q.shape[0], DEVICE, config=config)
+    assert_close(_run_planned(plan, case), case.reference()[0], case)
