@@ -11,6 +11,7 @@ inventory/production/hosts.yml), so there is one list of hosts. Host keys are ch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import paramiko
@@ -80,24 +82,25 @@ def status_report(conn: Connection, hv: dict) -> str:
     """Text of `fab status`: current release, markers of each release, service state, GPUs, server info."""
     root = shlex.quote(_root(hv))
     lines = []
-    current = conn.run(f"readlink {root}/current || echo none", hide=True, warn=True).stdout.strip()
+    quiet = {"hide": True, "warn": True, "in_stream": False}  # no stdin: fab runs in scripts and tests too
+    current = conn.run(f"readlink {root}/current || echo none", **quiet).stdout.strip()
     lines.append(f"current: {current}")
     listing = conn.run(f"cd {root}/releases 2>/dev/null && for r in *; do [ -d \"$r\" ] && "
                        f"echo \"$r $(ls -A $r | grep -E '^\\.(complete|verified|failed)$' | tr -d . | tr '\\n' ' ')\"; "
-                       "done", hide=True, warn=True).stdout.strip()
+                       "done", hide=True, warn=True, in_stream=False).stdout.strip()
     lines.append("releases:")
     lines += [f"  {row}" for row in listing.splitlines()] or ["  none"]
-    active = conn.run(f"systemctl is-active {_service(hv)}", hide=True, warn=True).stdout.strip() or "unknown"
+    active = conn.run(f"systemctl is-active {_service(hv)}", **quiet).stdout.strip() or "unknown"
     lines.append(f"service {_service(hv)}: {active}")
     gpus = conn.run("nvidia-smi --query-gpu=index,name,compute_cap,memory.used,utilization.gpu --format=csv,noheader",
-                    hide=True, warn=True)
+                    hide=True, warn=True, in_stream=False)
     lines.append("gpus: " + (gpus.stdout.strip().replace("\n", "\n      ") if gpus.ok else "nvidia-smi not available"))
     port = hv.get("ddtree_port", 30000)
     address = hv.get("ddtree_bind_address", "127.0.0.1")
     address = "127.0.0.1" if address in ("0.0.0.0", "::", "") else address
     probe = ("import json, urllib.request; "
              f"print(json.dumps(json.load(urllib.request.urlopen('http://{address}:{port}/server_info', timeout=5))))")
-    info = conn.run(f"python3 -c {shlex.quote(probe)}", hide=True, warn=True)
+    info = conn.run(f"python3 -c {shlex.quote(probe)}", hide=True, warn=True, in_stream=False)
     if info.ok:
         data = json.loads(info.stdout)
         accept = (data.get("internal_states") or [{}])[0].get("avg_spec_accept_length")
@@ -119,22 +122,34 @@ def status(c, host, inventory=DEFAULT_INVENTORY):
 def logs(c, host, lines=200, inventory=DEFAULT_INVENTORY):
     """The server's last log lines (journald; the test hosts' systemctl writes a file)."""
     conn, hv = connect(host, inventory)
+    print(logs_text(conn, hv, int(lines)))
+
+
+def logs_text(conn: Connection, hv: dict, lines: int = 200) -> str:
+    """journald where systemd runs; the file docker-systemctl-replacement writes elsewhere."""
     svc = _service(hv)
-    conn.run(f"journalctl -u {svc} -n {int(lines)} --no-pager 2>/dev/null || "
-             f"tail -n {int(lines)} /var/log/journal/{svc}.service.log", warn=True)
+    cmd = (f"if [ -d /run/systemd/system ]; then journalctl -u {svc} -n {lines} --no-pager; "
+           f"else tail -n {lines} /var/log/journal/{svc}.service.log; fi")
+    return conn.run(cmd, hide=True, warn=True, in_stream=False).stdout
 
 
 @task(help={"host": "inventory host name", "local_port": "port on this machine (default 30000)"})
 def tunnel(c, host, local_port=30000, inventory=DEFAULT_INVENTORY):
     """Forward the host's endpoint to localhost:LOCAL_PORT until Ctrl-C."""
     conn, hv = connect(host, inventory)
-    address = hv.get("ddtree_bind_address", "127.0.0.1")
-    address = "127.0.0.1" if address in ("0.0.0.0", "::", "") else address
-    port = int(hv.get("ddtree_port", 30000))
-    with conn.forward_local(int(local_port), remote_port=port, remote_host=address):
-        print(f"http://127.0.0.1:{local_port} -> {host} {address}:{port} (Ctrl-C to stop)")
+    with open_tunnel(conn, hv, int(local_port)) as url:
+        print(f"{url} -> {host}'s endpoint (Ctrl-C to stop)")
         try:
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:
             pass
+
+
+@contextlib.contextmanager
+def open_tunnel(conn: Connection, hv: dict, local_port: int) -> Iterator[str]:
+    """Forward 127.0.0.1:local_port here to the endpoint's bind address and port on the host."""
+    address = hv.get("ddtree_bind_address", "127.0.0.1")
+    address = "127.0.0.1" if address in ("0.0.0.0", "::", "") else address
+    with conn.forward_local(local_port, remote_port=int(hv.get("ddtree_port", 30000)), remote_host=address):
+        yield f"http://127.0.0.1:{local_port}"

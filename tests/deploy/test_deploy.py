@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pwd
 import shutil
+import socket
 
 import paramiko
 import pytest
@@ -234,4 +235,18 @@ def test_unknown_host_key_is_refused(hosts: Hosts, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     conn, _ = fabfile.connect("ct-test-1", "inventory/test")
     with pytest.raises(paramiko.SSHException, match="not found in known_hosts"):
-        conn.run("true", hide=True)
+        conn.run("true", hide=True, in_stream=False)
+
+
+def test_logs_and_tunnel(hosts: Hosts, test_inventory):
+    conn, hv = fabfile.connect("ct-test-1", test_inventory)
+    assert "stand-in SGLang" in fabfile.logs_text(conn, hv, 50)  # the server's own start-up line
+    port = _free_port()
+    with fabfile.open_tunnel(conn, hv, port) as url:
+        assert requests.get(f"{url}/health_generate", timeout=10).status_code == 200
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
