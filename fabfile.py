@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -152,4 +153,14 @@ def open_tunnel(conn: Connection, hv: dict, local_port: int) -> Iterator[str]:
     address = hv.get("ddtree_bind_address", "127.0.0.1")
     address = "127.0.0.1" if address in ("0.0.0.0", "::", "") else address
     with conn.forward_local(local_port, remote_port=int(hv.get("ddtree_port", 30000)), remote_host=address):
+        # Fabric binds the local port in a thread of its own: wait until it listens.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", local_port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"the tunnel did not open 127.0.0.1:{local_port}") from None
+                time.sleep(0.05)
         yield f"http://127.0.0.1:{local_port}"

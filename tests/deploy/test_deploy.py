@@ -75,6 +75,13 @@ def test_second_deploy_changes_nothing(hosts: Hosts):
         assert after["current"] == before[host]["current"] and after["releases"] == before[host]["releases"]
 
 
+def test_smoke_playbook_runs_the_release_smoke_test_on_the_host(hosts: Hosts):
+    result = hosts.play("smoke.yml", limit=H1)  # make smoke-test HOST=ct-test-1
+    assert result.rc == 0, result.output[-3000:]
+    assert "PASS  speculative acceptance length >= 1.5" in result.output
+    assert "all checks passed, acceptance length 4.00" in result.output
+
+
 def test_check_mode_reports_and_touches_nothing(hosts: Hosts):
     before = hosts.state(H1)
     listing = hosts.sh(H1, f"find {ROOT} /etc/systemd/system -printf '%p %s %T@\\n' | sort")
