@@ -172,7 +172,6 @@ def build_bundle(spec: BundleSpec, out: str | Path, repo: Path = REPO, log=print
         if spec.sglang_git_url and spec.pip_source == "wheelhouse":
             log(f"bundle {bid}: building SGLang from {spec.sglang_git_url}@{spec.sglang_git_commit[:12]}")
             _pip(["wheel", "--quiet", "--no-deps", "-w", str(wheels), sglang_req], "building SGLang from git")
-        if spec.sglang_git_url and spec.pip_source == "wheelhouse":
             versions["sglang"] = _wheel_version(wheels, "sglang")
         elif spec.sglang_version:
             versions["sglang"] = spec.sglang_version
