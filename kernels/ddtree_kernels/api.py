@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .launcher import Workspace, plan_verify, run_verify, shared_workspace
+from .launcher import Workspace, kv_view, plan_verify, run_verify, shared_workspace, values_in_keys
 from .tree import MASK_CHAIN, MASK_COMPACT
 
 
@@ -79,7 +79,8 @@ def tree_verify_attention(
 
     bs = qo_indptr.shape[0] - 1
     plan = plan_verify(max(bs, 1), H, max(max_draft_tokens, 1), T, q.device, d_v=d_v, d_rope=d_r,
-                       num_splits=num_splits)
+                       num_splits=num_splits, kv_fp8=kv_view(k_cache).dtype == torch.float8_e4m3fn,
+                       v_from_k=values_in_keys(kv_view(k_cache), kv_view(v_cache)))
     workspace = workspace or shared_workspace(plan, q.device)
     if out is None:
         out = torch.empty((T, H, d_v), dtype=q.dtype, device=q.device)

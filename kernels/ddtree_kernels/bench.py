@@ -192,7 +192,7 @@ def measure(case: Case, device: str, copy: float, mm: float, sgl: dict | None) -
     row = Row(case=asdict(case), floor_us=max(case.kv_bytes() / copy / 1e3, case.flops() / mm / 1e6))
     T = case.bs * case.n
     out = torch.empty(T, case.H, D_V, dtype=torch.bfloat16, device=device)
-    plan = plan_verify(case.bs, case.H, case.n, T, device)
+    plan = plan_verify(case.bs, case.H, case.n, T, device, kv_fp8=case.fp8)
     ws = Workspace.for_plan(plan, device)
 
     def ours(pool=None):

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 # Shared memory a block may use (bytes), by compute capability.
 SHARED_MEMORY_LIMIT = {(12, 0): 101_376, (9, 0): 232_448, (8, 0): 166_912, (8, 9): 101_376}
 SM120_SHARED_MEMORY = SHARED_MEMORY_LIMIT[(12, 0)]
+# Shared memory of a whole SM (bytes): how many programs can be resident at once.
+SHARED_MEMORY_PER_SM = {(12, 0): 102_400, (9, 0): 233_472, (8, 0): 167_936, (8, 9): 102_400}
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,10 @@ class TileConfig:
     block_n: int  # keys a loop iteration loads
     num_warps: int
     num_stages: int
+    # Programs of this tile an SM holds at once (registers and shared memory allow), on the
+    # targets that choose it; the split count fills whole waves of them. The fit test checks
+    # it against the compiled kernel (`python -m ddtree_kernels.fit`).
+    ctas_per_sm: int = 2
 
 
 @dataclass(frozen=True)
@@ -37,43 +43,59 @@ class VerifyConfig:
     merge_block_d: int = 64  # output columns a merge program owns (more programs: the merge is latency-bound)
     merge_block_s: int = 32  # parts a merge loop iteration reads
     merge_num_warps: int = 4
-    ctas_per_sm: int = 2  # prefix programs to aim for, per SM, when choosing the split count
     max_splits: int = 512
     min_chunk: int = 128  # fewest prefix keys a split takes (short prefixes use fewer splits)
     # bf16/fp16 cache with V read from K: a taller tile reads each gathered key tile for more
     # rows. Used when a request has at least wide_min_rows rows (draft tokens x heads) and the
-    # batch at least wide_min_batch_rows, so short single requests keep enough programs.
+    # batch at least wide_min_batch_rows.
     prefix_wide: TileConfig | None = None
     wide_min_rows: int = 64
     wide_min_batch_rows: int = 128
+    # Prefetch each split's slot indices into L2 before its loop (PTX prefetch): the gather of
+    # every key tile waits on them, so each iteration would otherwise wait for a DRAM trip.
+    prefetch_slots: bool = True
 
-    def prefix_for(self, rows_per_request: int, batch_size: int = 1) -> TileConfig:
-        """The bf16 prefix tile for a batch of requests of up to this many rows each."""
+    def prefix_for(self, rows_per_request: int, batch_size: int = 1, *, kv_fp8: bool = False,
+                   v_from_k: bool = True) -> TileConfig:
+        """The prefix tile for a batch of requests of up to this many rows each."""
+        if kv_fp8:
+            return self.prefix_fp8
+        if not v_from_k:
+            return self.prefix_split_v
         if (self.prefix_wide is not None and rows_per_request >= self.wide_min_rows
                 and rows_per_request * batch_size >= self.wide_min_batch_rows):
             return self.prefix_wide
         return self.prefix
 
 
-# Measured on an H200 with CUDA-graph timing (BENCHMARKS.md, scratch sweeps summarised in
-# kernels/README.md): 16-row x 32-key tiles with 4 warps and 3 stages beat 32-row tiles at
-# every verify shape tried (32-row tiles either spill at 4 warps or re-read operands from
-# shared memory at 8), and fit sm_120 (56,832 bytes, no spills). fp8 tiles are widened in
-# registers and need 8 warps to stay spill-free; a separate V tile needs 16-key tiles to fit.
+# sm_120 (and any GPU not listed): 99 KB of shared memory a block and about 100 KB an SM, so
+# every prefix tile below is one program per SM there (the fit report says so); the 16-row
+# tile double-buffers the gathered key tile (93 KB). fp8 tiles are widened in registers and
+# need 8 warps to stay spill-free; a separate V tile needs 16-key tiles to fit. The merge takes
+# 128 parts a step: decode's 257 splits merge in 3 steps instead of 9.
 PORTABLE = VerifyConfig(
-    prefix=TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=3),
-    prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=8, num_stages=3),
-    prefix_split_v=TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=2),
+    prefix=TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=1),
+    prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=8, num_stages=3, ctas_per_sm=1),
+    prefix_split_v=TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=2, ctas_per_sm=1),
     tree=TileConfig(block_m=32, block_n=32, num_warps=8, num_stages=1),
+    merge_block_d=32,
+    merge_block_s=128,
 )
 
-# Hopper (sm_90, 227 KB of shared memory a block): 64-row tiles for batches of 128+ rows.
-# Measured on the H200 in CUDA graphs (kernels/results/sweep-h200.log): 185k H8 n33
-# 1723 -> 819 µs, 185k H16 n9 920 -> 478 µs, 64k H16 n9 297 -> 204 µs, bs4 x 64k H8 n9
-# 695 -> 463 µs; a single H8 n9 request (72 rows) is faster on 16-row tiles up to 131k
-# (135 vs 151 µs at 64k), and decode (8 rows) much faster (104 vs 194 µs). The wide tile
-# takes 148 KB of shared memory (cannot load on sm_120) and spills 248 B on sm_90.
-HOPPER = dataclasses.replace(PORTABLE, prefix_wide=TileConfig(block_m=64, block_n=32, num_warps=8, num_stages=3))
+# Hopper (sm_90, 227 KB of shared memory a block, 228 KB an SM). Measured on the H200 in CUDA
+# graphs (kernels/results/sweep-h200.log, 2026-11-29 session 3): two 16-row programs an SM;
+# 64-row x 64-key tiles (wgmma, one program an SM) once a request has 64+ rows, e.g. GLM-5's
+# 72: 185k H8 n9 268 -> 237 µs, 185k H8 n33 839 -> 519 µs, 64k H64 n9 648 -> 364 µs; 3-7%
+# slower at 8k-32k, faster from 64k. Decode (8 rows) stays on 16-row tiles (87 vs 140 µs).
+# The fp8 tile with 4 warps: 122 vs 156 µs (n1), 451 vs 661 µs (n9). The wide tile and the
+# 4-warp fp8 tile spill (560 and 176 bytes under Triton 3.9): measured faster anyway.
+HOPPER = dataclasses.replace(
+    PORTABLE,
+    prefix=dataclasses.replace(PORTABLE.prefix, ctas_per_sm=2),
+    prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=2),
+    prefix_wide=TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1),
+    wide_min_batch_rows=64,
+)
 
 # Chosen by (major, minor) compute capability; anything not listed gets PORTABLE.
 BY_CAPABILITY: dict[tuple[int, int], VerifyConfig] = {

@@ -24,7 +24,7 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
-from .configs import SHARED_MEMORY_LIMIT, SHIPPED, VerifyConfig, capabilities_choosing
+from .configs import SHARED_MEMORY_LIMIT, SHARED_MEMORY_PER_SM, SHIPPED, VerifyConfig, capabilities_choosing
 
 TARGETS = ((12, 0), (9, 0))
 
@@ -66,6 +66,8 @@ class FitResult:
     stack: int
     local: int
     must_fit: bool  # the launcher can choose this config on this target
+    num_warps: int = 4
+    declared_ctas_per_sm: int = 0  # what the config tells the planner (prefix tiles only)
     error: str = ""
 
     @property
@@ -79,9 +81,24 @@ class FitResult:
     def spills(self) -> int:
         return self.stack + self.local
 
+    @property
+    def resident_ctas(self) -> int:
+        """Programs one SM holds at once, limited by registers and by shared memory."""
+        return resident_ctas(self.registers, self.shared, self.num_warps, self.target)
 
-def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int]]:
-    """(kernel, variant, signature, constexprs, num_warps, num_stages) for one config."""
+
+def resident_ctas(registers: int, shared: int, num_warps: int, target: str) -> int:
+    """Occupancy in programs per SM: 64K registers allocated per warp in 256-register units,
+    and the SM's shared memory with 1 KB the driver reserves for each program."""
+    regs_per_warp = -(-max(registers, 1) * 32 // 256) * 256
+    by_registers = (65_536 // regs_per_warp) // num_warps
+    cap = (int(target[3:-1]), int(target[-1]))
+    by_shared = SHARED_MEMORY_PER_SM[cap] // (shared + 1024)
+    return min(by_registers, by_shared)
+
+
+def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int, int]]:
+    """(kernel, variant, signature, constexprs, num_warps, num_stages, ctas_per_sm) for one config."""
     dims = dict(H=8, D_V=512, D_R=64, BLOCK_DV=512, BLOCK_DR=64)
     tc = conf.tree
     out = []
@@ -93,14 +110,16 @@ def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int]]
         sig = {k: (kv if v == "*KV" else v) for k, v in _PREFIX_SIG.items()}
         sig = {k: ("*" + kv if v == kv else v) for k, v in sig.items()}
         const = dict(dims, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n,
-                     V_FROM_K=v_from_k, SCALE_FROM_PTR=False, WIDEN_TO_FP16=kv != "bf16", DOT_FP32=False)
+                     V_FROM_K=v_from_k, SCALE_FROM_PTR=False, WIDEN_TO_FP16=kv != "bf16", DOT_FP32=False,
+                     PREFETCH_L2=True)
         wide = ",wide" if pc is conf.prefix_wide else ""
-        out.append(("prefix", f"kv={kv},v_from_k={v_from_k}{wide}", sig, const, pc.num_warps, pc.num_stages))
+        out.append(("prefix", f"kv={kv},v_from_k={v_from_k}{wide}", sig, const, pc.num_warps, pc.num_stages,
+                    pc.ctas_per_sm))
     for mode, name in ((1, "sglang_flat"), (0, "chain"), (2, "compact")):
         const = dict(dims, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, MASK_MODE=mode, DOT_FP32=False)
-        out.append(("tree", f"mask={name}", dict(_TREE_SIG), const, tc.num_warps, tc.num_stages))
+        out.append(("tree", f"mask={name}", dict(_TREE_SIG), const, tc.num_warps, tc.num_stages, 0))
     const = dict(H=8, D_V=512, BLOCK_D=conf.merge_block_d, BLOCK_S=conf.merge_block_s, STORE_LSE=True)
-    out.append(("merge", "lse", dict(_MERGE_SIG), const, conf.merge_num_warps, 1))
+    out.append(("merge", "lse", dict(_MERGE_SIG), const, conf.merge_num_warps, 1, 0))
     return out
 
 
@@ -131,7 +150,7 @@ def compile_variant(job: tuple) -> FitResult:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    config_name, cap, kernel, variant, sig, const, warps, stages, must_fit = job
+    config_name, cap, kernel, variant, sig, const, warps, stages, ctas, must_fit = job
     fn = _kernel(kernel)
     limit = SHARED_MEMORY_LIMIT[cap]
     target_name = f"sm_{cap[0]}{cap[1]}"
@@ -145,9 +164,9 @@ def compile_variant(job: tuple) -> FitResult:
         )
         regs, stack, local = _resource_usage(compiled.asm["cubin"])
         return FitResult(config_name, target_name, kernel, variant, compiled.metadata.shared, limit,
-                         regs, stack, local, must_fit)
+                         regs, stack, local, must_fit, warps, ctas)
     except Exception as exc:  # a config that cannot compile must show up, not crash the report
-        return FitResult(config_name, target_name, kernel, variant, 0, limit, 0, 0, 0, must_fit,
+        return FitResult(config_name, target_name, kernel, variant, 0, limit, 0, 0, 0, must_fit, warps, ctas,
                          error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
 
 
@@ -159,8 +178,8 @@ def check_all(workers: int = 2) -> list[FitResult]:
     for name, conf in SHIPPED.items():
         chosen_on = capabilities_choosing(conf)
         for cap in TARGETS:
-            for kernel, variant, sig, const, warps, stages in _variants(conf):
-                jobs.append((name, cap, kernel, variant, sig, const, warps, stages, cap in chosen_on))
+            for kernel, variant, sig, const, warps, stages, ctas in _variants(conf):
+                jobs.append((name, cap, kernel, variant, sig, const, warps, stages, ctas, cap in chosen_on))
     with ProcessPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(compile_variant, jobs))
 
@@ -172,16 +191,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = check_all(args.workers)
     if args.json:
-        print(json.dumps([asdict(r) | {"fits": r.fits} for r in results], indent=1))
+        print(json.dumps([asdict(r) | {"fits": r.fits, "resident_ctas": r.resident_ctas} for r in results], indent=1))
     else:
         print(f"{'config':10} {'target':7} {'kernel':7} {'variant':26} {'shared':>8} {'limit':>8} {'regs':>5} "
-              f"{'stack':>5} {'local':>5}  verdict")
+              f"{'stack':>5} {'local':>5} {'ctas/SM':>7}  verdict")
         for r in results:
             verdict = "ok" if r.fits else ("DOES NOT FIT" if r.must_fit else "not chosen here")
             if r.fits and r.spills:
                 verdict += f" (spills {r.spills} B)"
             print(f"{r.config:10} {r.target:7} {r.kernel:7} {r.variant:26} {r.shared:8} {r.shared_limit:8} "
-                  f"{r.registers:5} {r.stack:5} {r.local:5}  {verdict} {r.error}")
+                  f"{r.registers:5} {r.stack:5} {r.local:5} {r.resident_ctas:7}  {verdict} {r.error}")
     return 0 if all(r.fits for r in results if r.must_fit) else 1
 
 

@@ -16,7 +16,7 @@ from functools import cache, lru_cache
 import torch
 import triton
 
-from .configs import VerifyConfig, config_for
+from .configs import TileConfig, VerifyConfig, config_for
 from .merge import merge_parts_kernel
 from .prefix import prefix_split_kernel
 from .tree import tree_block_kernel
@@ -47,6 +47,13 @@ class VerifyPlan:
     d_rope: int
     num_splits: int
     config: VerifyConfig
+    kv_fp8: bool = False  # the cache is float8_e4m3fn (the fp8 prefix tile)
+    v_from_k: bool = True  # values are the first d_v columns of the key rows (SGLang's MLA pool)
+
+    @property
+    def prefix_tile(self) -> TileConfig:
+        return self.config.prefix_for(self.max_draft_tokens * self.num_heads, self.batch_size,
+                                      kv_fp8=self.kv_fp8, v_from_k=self.v_from_k)
 
     @property
     def num_parts(self) -> int:
@@ -62,6 +69,22 @@ class VerifyPlan:
         return triton.cdiv(self.max_draft_tokens * self.num_heads, block_m)
 
 
+def split_count(programs_per_split: int, slots: int, max_splits: int, slack: float = 0.03) -> int:
+    """Prefix splits for a grid of `programs_per_split` x splits programs on `slots` resident ones.
+
+    A split's time is proportional to 1/splits, and the grid takes ceil(programs / slots) waves,
+    so the cost is waves / splits. One program past a full wave doubles the time (265 programs
+    on 264 slots), so take the fewest splits within `slack` of the best cost: fewer splits mean
+    fewer partial outputs to merge.
+    """
+    def cost(splits: int) -> float:
+        return math.ceil(programs_per_split * splits / slots) / splits
+
+    candidates = range(1, max(1, max_splits) + 1)
+    best = min(cost(s) for s in candidates)
+    return next(s for s in candidates if cost(s) <= best * (1 + slack))
+
+
 @lru_cache(maxsize=1024)  # a pure function of static arguments, asked on every verify call
 def plan_verify(
     batch_size: int,
@@ -74,11 +97,14 @@ def plan_verify(
     d_rope: int = 64,
     num_splits: int | None = None,
     config: VerifyConfig | None = None,
+    kv_fp8: bool = False,
+    v_from_k: bool = True,
 ) -> VerifyPlan:
     """Choose the split count and tile configuration for a verify shape.
 
-    The split count fills about `config.ctas_per_sm` programs per SM over all
-    requests and row blocks; at run time a short prefix uses fewer of them.
+    The split count fills whole waves of resident programs (`split_count`); at run
+    time a short prefix uses fewer of them. `kv_fp8` and `v_from_k` describe the KV
+    cache (see `values_in_keys`): they pick the prefix tile, and `run_verify` checks them.
     """
     if batch_size < 1 or num_heads < 1 or max_draft_tokens < 1:
         raise ValueError(
@@ -89,10 +115,11 @@ def plan_verify(
     config = config or config_for(capability)
     if num_splits is None:
         rows = max_draft_tokens * num_heads
-        row_blocks = triton.cdiv(rows, config.prefix_for(rows, batch_size).block_m)
-        wanted = math.ceil(config.ctas_per_sm * sm_count / (row_blocks * batch_size))
-        num_splits = max(1, min(config.max_splits, wanted))
-    return VerifyPlan(batch_size, num_heads, max_draft_tokens, total_tokens, d_v, d_rope, num_splits, config)
+        tile = config.prefix_for(rows, batch_size, kv_fp8=kv_fp8, v_from_k=v_from_k)
+        num_splits = split_count(triton.cdiv(rows, tile.block_m) * batch_size, tile.ctas_per_sm * sm_count,
+                                 config.max_splits)
+    return VerifyPlan(batch_size, num_heads, max_draft_tokens, total_tokens, d_v, d_rope, num_splits, config,
+                      kv_fp8, v_from_k)
 
 
 class Workspace:
@@ -143,6 +170,16 @@ def _scale_args(k_scale, v_scale) -> tuple[object, object, bool]:
     return as_tensor(k_scale), as_tensor(v_scale), True
 
 
+def kv_view(t: torch.Tensor) -> torch.Tensor:
+    """SGLang may hand over an fp8 pool as raw bytes: view it as float8_e4m3fn."""
+    return t.view(torch.float8_e4m3fn) if t.dtype == torch.uint8 else t
+
+
+def values_in_keys(k_buf: torch.Tensor, v_buf: torch.Tensor) -> bool:
+    """True when V is a view of the first columns of K (SGLang's MLA pool): one gather serves both."""
+    return v_buf.data_ptr() == k_buf.data_ptr() and v_buf.stride(0) == k_buf.stride(0) and v_buf.dtype == k_buf.dtype
+
+
 def _pow2_at_least(x: int, floor: int = 16) -> int:
     return max(floor, triton.next_power_of_2(max(x, 1)))
 
@@ -181,21 +218,18 @@ def run_verify(
     dot_fp32 = interpreting()
     qk_scale_log2 = sm_scale * 1.4426950408889634
     k_s, v_s, scale_from_ptr = _scale_args(k_scale, v_scale)
-    if k_buf.dtype == torch.uint8:  # SGLang may hand over an fp8 pool as raw bytes
-        k_buf = k_buf.view(torch.float8_e4m3fn)
-    if v_buf.dtype == torch.uint8:
-        v_buf = v_buf.view(torch.float8_e4m3fn)
-    v_from_k = (
-        v_buf.data_ptr() == k_buf.data_ptr() and v_buf.stride(0) == k_buf.stride(0) and v_buf.dtype == k_buf.dtype
-    )
+    k_buf, v_buf = kv_view(k_buf), kv_view(v_buf)
+    kv_fp8, v_from_k = k_buf.dtype == torch.float8_e4m3fn, values_in_keys(k_buf, v_buf)
+    if (kv_fp8, v_from_k) != (plan.kv_fp8, plan.v_from_k):
+        raise ValueError(
+            f"the plan was made for kv_fp8={plan.kv_fp8}, v_from_k={plan.v_from_k} but this call passes "
+            f"kv_fp8={kv_fp8}, v_from_k={v_from_k}: call plan_verify(..., kv_fp8={kv_fp8}, v_from_k={v_from_k})"
+        )
     o_part, lse_part = workspace.views(plan)
     part_strides = (o_part.stride(0), o_part.stride(1), lse_part.stride(0))
     dims = dict(H=H, D_V=d_v, D_R=d_r, BLOCK_DV=block_dv, BLOCK_DR=block_dr)
 
-    if k_buf.dtype == torch.float8_e4m3fn:
-        pc = conf.prefix_fp8
-    else:
-        pc = conf.prefix_for(plan.max_draft_tokens * H, plan.batch_size) if v_from_k else conf.prefix_split_v
+    pc = plan.prefix_tile
     prefix_split_kernel[(plan.row_blocks(pc.block_m), plan.num_splits, plan.batch_size)](
         q, k_buf, v_buf, kv_indices, qo_indptr, kv_indptr,
         o_part, lse_part,
@@ -203,8 +237,8 @@ def run_verify(
         q.stride(0), q.stride(1), k_buf.stride(0), v_buf.stride(0),
         *part_strides,
         **dims, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n,
-        V_FROM_K=v_from_k, SCALE_FROM_PTR=scale_from_ptr, WIDEN_TO_FP16=k_buf.dtype == torch.float8_e4m3fn,
-        DOT_FP32=dot_fp32,
+        V_FROM_K=v_from_k, SCALE_FROM_PTR=scale_from_ptr, WIDEN_TO_FP16=kv_fp8,
+        DOT_FP32=dot_fp32, PREFETCH_L2=conf.prefetch_slots and not dot_fp32,  # the interpreter runs no PTX
         num_warps=pc.num_warps, num_stages=pc.num_stages,
     )
 

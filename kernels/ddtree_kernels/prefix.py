@@ -27,6 +27,14 @@ def load_scale(scale, SCALE_FROM_PTR: tl.constexpr):
 
 
 @triton.jit
+def prefetch_to_l2(ptrs):
+    """Ask L2 for the lines under `ptrs`; nothing waits for them (PTX prefetch). Returns zeros,
+    which the caller must use: an unused result lets the compiler drop the instruction."""
+    return tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def prefix_split_kernel(
     Q, K_buf, V_buf, kv_indices, qo_indptr, kv_indptr,
     O_part, LSE_part,
@@ -37,6 +45,7 @@ def prefix_split_kernel(
     BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     V_FROM_K: tl.constexpr, SCALE_FROM_PTR: tl.constexpr, WIDEN_TO_FP16: tl.constexpr, DOT_FP32: tl.constexpr,
+    PREFETCH_L2: tl.constexpr,
 ):
     row_block = tl.program_id(0)
     split = tl.program_id(1)
@@ -82,10 +91,26 @@ def prefix_split_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
 
+    if PREFETCH_L2:
+        # The key tile's gather waits on its slot indices, a dependent load every iteration:
+        # pull this chunk's indices (one 128-byte line per 16) into L2 up front, so that wait
+        # is an L2 hit instead of a DRAM trip.
+        zero = 0
+        for p in range(lo, hi, 16 * 256):
+            offs_p = p + 16 * tl.arange(0, 256)
+            zero += tl.max(prefetch_to_l2(kv_indices + kv_start + tl.minimum(offs_p, hi - 1)), 0)
+        lo += zero  # always 0: using the result keeps the prefetch from being dropped
+
+    # Slot indices run one tile ahead of the keys they address. With the index load in the
+    # same iteration as its gather, Triton's pipeliner (3.6-3.9) keeps one K buffer and waits
+    # for it every iteration; one tile ahead, it double-buffers the gather at 3 stages.
+    offs_tile = tl.arange(0, BLOCK_N)
+    slot = tl.load(kv_indices + kv_start + lo + offs_tile, mask=lo + offs_tile < hi, other=0).to(tl.int64)
     for start in range(lo, hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
+        offs_n = start + offs_tile
         n_ok = offs_n < hi
-        slot = tl.load(kv_indices + kv_start + offs_n, mask=n_ok, other=0).to(tl.int64)
+        offs_next = offs_n + BLOCK_N
+        slot_next = tl.load(kv_indices + kv_start + offs_next, mask=offs_next < hi, other=0).to(tl.int64)
         k_ptrs = K_buf + slot[:, None] * stride_ks
         k_nope = tl.load(k_ptrs + offs_dv[None, :], mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
         k_rope = tl.load(k_ptrs + D_V + offs_dr[None, :], mask=n_ok[:, None] & dr_ok[None, :], other=0.0)
@@ -97,6 +122,7 @@ def prefix_split_kernel(
             v = tl.load(V_buf + slot[:, None] * stride_vs + offs_dv[None, :],
                         mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, qk, v, q_nope, DOT_FP32)
+        slot = slot_next
 
     store_partial(O_part, LSE_part, rows, row_ok, split, acc, l_i, m_i,
                   load_scale(v_scale, SCALE_FROM_PTR),

@@ -1,10 +1,11 @@
 """Time prefix-tile configurations against verify shapes, inside replayed CUDA graphs.
 
     python -m ddtree_kernels.sweep --tile 16x32x4x3 --tile 32x32x4x3 --case 1,185000,8,9 --case 1,185000,8,1
-    python -m ddtree_kernels.sweep --tile 16x32x8x3 --case 1,185000,8,9 --fp8
+    python -m ddtree_kernels.sweep --tile 16x32x8x3x1 --case 1,185000,8,9 --fp8 --merge 64x32 --merge 32x128
 
-A tile is BLOCK_M x BLOCK_N x warps x stages; a case is bs,L,H,n. This is how the
-shipped configs in configs.py were chosen (kernels/README.md, "Tuning notes").
+A tile is BLOCK_M x BLOCK_N x warps x stages [x programs resident per SM, default 2: it sets
+the split count]; a case is bs,L,H,n; a merge is output columns x parts per program. This is
+how the shipped configs in configs.py were chosen (kernels/README.md, "Tuning notes").
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ from .configs import PORTABLE, TileConfig
 from .launcher import Workspace, plan_verify
 
 
-def time_config(case: Case, tile: TileConfig, device: str = "cuda", min_chunk: int | None = None) -> tuple[float, int]:
+def time_config(case: Case, tile: TileConfig, device: str = "cuda", min_chunk: int | None = None,
+                merge: tuple[int, int] | None = None, prefetch_slots: bool = True) -> tuple[float, int]:
     """Median µs of one verify call in a replayed CUDA graph (pools rotated), and the split count."""
     cfg = dataclasses.replace(PORTABLE, prefix=tile, prefix_fp8=tile, prefix_wide=None,
-                              min_chunk=min_chunk or PORTABLE.min_chunk)
+                              min_chunk=min_chunk or PORTABLE.min_chunk, prefetch_slots=prefetch_slots)
+    if merge:
+        cfg = dataclasses.replace(cfg, merge_block_d=merge[0], merge_block_s=merge[1])
     p = Problem(case, device)
     T = case.bs * case.n
-    plan = plan_verify(case.bs, case.H, case.n, T, device, config=cfg)
+    plan = plan_verify(case.bs, case.H, case.n, T, device, config=cfg, kv_fp8=case.fp8)
     ws = Workspace.for_plan(plan, device)
     out = torch.empty(T, case.H, 512, dtype=torch.bfloat16, device=device)
     us = time_in_graphs([lambda pool=pool: p.run_ours(plan, ws, out, pool) for pool in p.pools])
@@ -35,8 +39,12 @@ def time_config(case: Case, tile: TileConfig, device: str = "cuda", min_chunk: i
 
 
 def _tile(text: str) -> TileConfig:
-    m, n, w, s = (int(x) for x in text.lower().split("x"))
-    return TileConfig(m, n, w, s)
+    return TileConfig(*(int(x) for x in text.lower().split("x")))
+
+
+def _merge(text: str) -> tuple[int, int]:
+    d, s = (int(x) for x in text.lower().split("x"))
+    return d, s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,17 +53,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--case", action="append", required=True, help="bs,L,H,n")
     ap.add_argument("--fp8", action="store_true", help="fp8_e4m3 KV cache")
     ap.add_argument("--min-chunk", type=int, action="append", help="fewest keys a split takes (repeat to compare)")
+    ap.add_argument("--no-prefetch", action="store_true", help="also time without the L2 prefetch of slot indices")
+    ap.add_argument("--merge", type=_merge, action="append", help="merge program: DxS columns x parts (repeat)")
     args = ap.parse_args(argv)
     copy, mm = ceilings("cuda")
     print(f"{torch.cuda.get_device_name()}: copy {copy:.0f} GB/s, matmul {mm:.0f} TFLOP/s, Triton {triton.__version__}")
     for spec in args.case:
         case = Case(*(int(x) for x in spec.split(",")), fp8=args.fp8)
         floor = max(case.kv_bytes() / copy / 1e3, case.flops() / mm / 1e6)
-        for tile, chunk in [(t, c) for t in args.tile for c in (args.min_chunk or [None])]:
+        runs = [(t, c, m, pf) for t in args.tile for c in (args.min_chunk or [None]) for m in (args.merge or [None])
+                for pf in ((True, False) if args.no_prefetch else (True,))]
+        for tile, chunk, merge, prefetch in runs:
             try:
-                us, splits = time_config(case, tile, min_chunk=chunk)
-                print(f"{case.label:26} {tile.block_m}x{tile.block_n}x{tile.num_warps}x{tile.num_stages:<3} "
-                      f"chunk {chunk or PORTABLE.min_chunk:<5} "
+                us, splits = time_config(case, tile, min_chunk=chunk, merge=merge, prefetch_slots=prefetch)
+                merge = merge or (PORTABLE.merge_block_d, PORTABLE.merge_block_s)
+                print(f"{case.label:26} {tile.block_m}x{tile.block_n}x{tile.num_warps}x{tile.num_stages}"
+                      f"x{tile.ctas_per_sm:<3} chunk {chunk or PORTABLE.min_chunk:<5} merge {merge[0]}x{merge[1]:<4}"
+                      f"{'' if prefetch else ' no-prefetch'}"
                       f"{us:9.1f} µs  {case.kv_bytes() / us / 1e3:6.0f} GB/s  {floor / us:5.1%} of floor  "
                       f"splits {splits}", flush=True)
             except Exception as exc:  # a tile that does not compile or fit is a result, not a crash

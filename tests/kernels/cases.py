@@ -102,8 +102,11 @@ def make_case(
     def dev(t):
         return None if t is None else t.to(device)
 
+    k_dev = dev(k_cache)
+    # V stays a view of the device copy of K, as in SGLang's pool (copying the view would make it separate)
+    v_dev = dev(v_cache) if separate_v else k_dev[..., :d_v]
     return Case(
-        q=dev(q), k_cache=dev(k_cache), v_cache=dev(v_cache), kv_indptr=dev(kv), kv_indices=dev(kv_indices),
+        q=dev(q), k_cache=k_dev, v_cache=v_dev, kv_indptr=dev(kv), kv_indices=dev(kv_indices),
         k_draft=dev(k_draft), v_draft=dev(v_draft), qo_indptr=dev(qo),
         visibility=None if tree == "chain" else dev(visibility),
         custom_mask=None if tree in ("chain", "full") else dev(custom_mask),

@@ -14,7 +14,7 @@ import torch
 
 import ddtree_kernels as dk
 from ddtree_kernels.configs import PORTABLE
-from ddtree_kernels.launcher import Workspace, plan_verify, run_verify
+from ddtree_kernels.launcher import Workspace, plan_verify, run_verify, values_in_keys
 from ddtree_kernels.tree import MASK_COMPACT
 
 from .cases import assert_close, make_case
@@ -86,7 +86,7 @@ def _run_planned(plan, case) -> torch.Tensor:
         plan, Workspace.for_plan(plan, DEVICE), case.q, case.k_cache, case.v_cache, case.kv_indptr,
         case.kv_indices, case.k_draft, case.v_draft, case.qo_indptr, out,
         mask_mode=MASK_COMPACT, mask=case.visibility.view(torch.uint8), mask_indptr=None,
-        mask_row_stride=case.visibility.stride(0), sm_scale=case.sm_scale,
+        mask_row_stride=case.visibility.stride(0), sm_scale=case.sm_scale, k_scale=case.k_scale, v_scale=case.v_scale,
     )
     return out
 
@@ -174,3 +174,15 @@ def test_architecture_configs_match_reference(config_name):
     assert config.prefix_for(case.max_draft * 8, 3) is config.prefix_wide
     plan = plan_verify(3, 8, case.max_draft, case.q.shape[0], DEVICE, config=config)
     assert_close(_run_planned(plan, case), case.reference()[0], case)
+
+
+def test_a_plan_for_another_cache_layout_is_refused():
+    """The plan's tile (and split count) depends on the cache: an fp8 call on a bf16 plan would
+    run the wrong tile, so run_verify names the mismatch and the fix instead."""
+    case = make_case([300], [9], 8, DEVICE, kv_dtype=FP8)
+    plan = plan_verify(1, 8, case.max_draft, case.q.shape[0], DEVICE)
+    with pytest.raises(ValueError, match=r"plan_verify\(\.\.\., kv_fp8=True"):
+        _run_planned(plan, case)
+    fp8_plan = plan_verify(1, 8, case.max_draft, case.q.shape[0], DEVICE, kv_fp8=True,
+                           v_from_k=values_in_keys(case.k_cache, case.v_cache))
+    assert_close(_run_planned(fp8_plan, case), case.reference()[0], case)

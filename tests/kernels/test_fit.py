@@ -45,3 +45,15 @@ def test_sm120_shared_memory_and_no_spills(fit_report):
 def test_every_config_a_target_can_choose_fits_it(fit_report):
     bad = [r for r in fit_report if r["must_fit"] and not r["fits"]]
     assert not bad, bad
+
+
+def test_prefix_tiles_declare_the_occupancy_they_compile_to(fit_report):
+    """The planner sizes the grid in waves of `ctas_per_sm` programs an SM; a wrong figure
+    leaves a tail wave (one program past a full wave doubles the call) or an idle half-GPU."""
+    prefix = [r for r in fit_report if r["kernel"] == "prefix" and r["must_fit"]]
+    assert prefix
+    for r in prefix:
+        assert r["declared_ctas_per_sm"] == r["resident_ctas"], (
+            f"{r['config']} {r['target']} {r['variant']}: declares {r['declared_ctas_per_sm']} programs an SM, "
+            f"compiles to {r['resident_ctas']} ({r['registers']} registers, {r['shared']} B shared)"
+        )

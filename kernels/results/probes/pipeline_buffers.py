@@ -5,7 +5,7 @@ from triton.compiler import ASTSource
 from triton.backends.compiler import GPUTarget
 bm,bn,w,st,cap,vi = map(int, sys.argv[1:7])
 cfg = dataclasses.replace(PORTABLE, prefix=TileConfig(bm,bn,w,st), prefix_split_v=TileConfig(bm,bn,w,st), prefix_fp8=TileConfig(bm,bn,w,st))
-kernel, variant, sig, const, warps, stages = fit._variants(cfg)[vi]
+kernel, variant, sig, const, warps, stages, _ = fit._variants(cfg)[vi]
 fn = fit._kernel(kernel)
 full = {n: sig.get(n, "constexpr") for n in fn.arg_names}
 attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in sig if a in fit._ALIGNED}
