@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .launcher import Workspace, kv_view, plan_verify, run_verify, shared_workspace, values_in_keys
+from .launcher import Workspace, cache_layout, plan_verify, run_verify, shared_workspace
 from .tree import MASK_CHAIN, MASK_COMPACT
 
 
@@ -78,9 +78,9 @@ def tree_verify_attention(
         max_draft_tokens = int(torch.diff(qo_indptr).max()) if qo_indptr.numel() > 1 else 1
 
     bs = qo_indptr.shape[0] - 1
+    kv_fp8, v_from_k = cache_layout(k_cache, v_cache)
     plan = plan_verify(max(bs, 1), H, max(max_draft_tokens, 1), T, q.device, d_v=d_v, d_rope=d_r,
-                       num_splits=num_splits, kv_fp8=kv_view(k_cache).dtype == torch.float8_e4m3fn,
-                       v_from_k=values_in_keys(kv_view(k_cache), kv_view(v_cache)))
+                       num_splits=num_splits, kv_fp8=kv_fp8, v_from_k=v_from_k)
     workspace = workspace or shared_workspace(plan, q.device)
     if out is None:
         out = torch.empty((T, H, d_v), dtype=q.dtype, device=q.device)

@@ -46,24 +46,20 @@ class VerifyConfig:
     max_splits: int = 512
     min_chunk: int = 128  # fewest prefix keys a split takes (short prefixes use fewer splits)
     # bf16/fp16 cache with V read from K: a taller tile reads each gathered key tile for more
-    # rows. Used when a request has at least wide_min_rows rows (draft tokens x heads) and the
-    # batch at least wide_min_batch_rows.
+    # rows. Used when a request has at least wide_min_rows rows (draft tokens x heads).
     prefix_wide: TileConfig | None = None
     wide_min_rows: int = 64
-    wide_min_batch_rows: int = 128
     # Prefetch each split's slot indices into L2 before its loop (PTX prefetch): the gather of
     # every key tile waits on them, so each iteration would otherwise wait for a DRAM trip.
     prefetch_slots: bool = True
 
-    def prefix_for(self, rows_per_request: int, batch_size: int = 1, *, kv_fp8: bool = False,
-                   v_from_k: bool = True) -> TileConfig:
-        """The prefix tile for a batch of requests of up to this many rows each."""
+    def prefix_for(self, rows_per_request: int, *, kv_fp8: bool = False, v_from_k: bool = True) -> TileConfig:
+        """The prefix tile for requests of up to this many rows each, on this cache layout."""
         if kv_fp8:
             return self.prefix_fp8
         if not v_from_k:
             return self.prefix_split_v
-        if (self.prefix_wide is not None and rows_per_request >= self.wide_min_rows
-                and rows_per_request * batch_size >= self.wide_min_batch_rows):
+        if self.prefix_wide is not None and rows_per_request >= self.wide_min_rows:
             return self.prefix_wide
         return self.prefix
 
@@ -94,7 +90,6 @@ HOPPER = dataclasses.replace(
     prefix=dataclasses.replace(PORTABLE.prefix, ctas_per_sm=2),
     prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=2),
     prefix_wide=TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1),
-    wide_min_batch_rows=64,
 )
 
 # Chosen by (major, minor) compute capability; anything not listed gets PORTABLE.

@@ -52,8 +52,8 @@ class VerifyPlan:
 
     @property
     def prefix_tile(self) -> TileConfig:
-        return self.config.prefix_for(self.max_draft_tokens * self.num_heads, self.batch_size,
-                                      kv_fp8=self.kv_fp8, v_from_k=self.v_from_k)
+        return self.config.prefix_for(self.max_draft_tokens * self.num_heads, kv_fp8=self.kv_fp8,
+                                      v_from_k=self.v_from_k)
 
     @property
     def num_parts(self) -> int:
@@ -104,7 +104,7 @@ def plan_verify(
 
     The split count fills whole waves of resident programs (`split_count`); at run
     time a short prefix uses fewer of them. `kv_fp8` and `v_from_k` describe the KV
-    cache (see `values_in_keys`): they pick the prefix tile, and `run_verify` checks them.
+    cache (`cache_layout`): they pick the prefix tile, and `run_verify` checks them.
     """
     if batch_size < 1 or num_heads < 1 or max_draft_tokens < 1:
         raise ValueError(
@@ -115,7 +115,7 @@ def plan_verify(
     config = config or config_for(capability)
     if num_splits is None:
         rows = max_draft_tokens * num_heads
-        tile = config.prefix_for(rows, batch_size, kv_fp8=kv_fp8, v_from_k=v_from_k)
+        tile = config.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=v_from_k)
         num_splits = split_count(triton.cdiv(rows, tile.block_m) * batch_size, tile.ctas_per_sm * sm_count,
                                  config.max_splits)
     return VerifyPlan(batch_size, num_heads, max_draft_tokens, total_tokens, d_v, d_rope, num_splits, config,
@@ -180,6 +180,12 @@ def values_in_keys(k_buf: torch.Tensor, v_buf: torch.Tensor) -> bool:
     return v_buf.data_ptr() == k_buf.data_ptr() and v_buf.stride(0) == k_buf.stride(0) and v_buf.dtype == k_buf.dtype
 
 
+def cache_layout(k_buf: torch.Tensor, v_buf: torch.Tensor) -> tuple[bool, bool]:
+    """(kv_fp8, v_from_k) of a KV cache, as `plan_verify` takes them."""
+    k_buf, v_buf = kv_view(k_buf), kv_view(v_buf)
+    return k_buf.dtype == torch.float8_e4m3fn, values_in_keys(k_buf, v_buf)
+
+
 def _pow2_at_least(x: int, floor: int = 16) -> int:
     return max(floor, triton.next_power_of_2(max(x, 1)))
 
@@ -219,7 +225,7 @@ def run_verify(
     qk_scale_log2 = sm_scale * 1.4426950408889634
     k_s, v_s, scale_from_ptr = _scale_args(k_scale, v_scale)
     k_buf, v_buf = kv_view(k_buf), kv_view(v_buf)
-    kv_fp8, v_from_k = k_buf.dtype == torch.float8_e4m3fn, values_in_keys(k_buf, v_buf)
+    kv_fp8, v_from_k = cache_layout(k_buf, v_buf)
     if (kv_fp8, v_from_k) != (plan.kv_fp8, plan.v_from_k):
         raise ValueError(
             f"the plan was made for kv_fp8={plan.kv_fp8}, v_from_k={plan.v_from_k} but this call passes "

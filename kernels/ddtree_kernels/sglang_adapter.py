@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .launcher import interpreting, kv_view, plan_verify, run_verify, shared_workspace, values_in_keys
+from .launcher import cache_layout, interpreting, plan_verify, run_verify, shared_workspace
 from .tree import MASK_CHAIN, MASK_FULL, MASK_SGLANG_FLAT
 
 _COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
@@ -120,9 +120,9 @@ def sglang_verify_fwd(
     bs = qo_indptr.shape[0] - 1
     if T == 0 or bs == 0:
         return True
+    kv_fp8, v_from_k = cache_layout(k_buffer, v_buffer)
     plan = plan_verify(bs, H, max_len_extend, T, q_extend.device, d_v=d_v, d_rope=d_qk - d_v,
-                       kv_fp8=kv_view(k_buffer).dtype == torch.float8_e4m3fn,
-                       v_from_k=values_in_keys(kv_view(k_buffer), kv_view(v_buffer)))
+                       kv_fp8=kv_fp8, v_from_k=v_from_k)
     if custom_mask is not None:
         mode = MASK_SGLANG_FLAT
         mask = custom_mask.view(torch.uint8) if custom_mask.dtype == torch.bool else custom_mask

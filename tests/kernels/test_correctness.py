@@ -14,7 +14,7 @@ import torch
 
 import ddtree_kernels as dk
 from ddtree_kernels.configs import PORTABLE
-from ddtree_kernels.launcher import Workspace, plan_verify, run_verify, values_in_keys
+from ddtree_kernels.launcher import Workspace, cache_layout, plan_verify, run_verify
 from ddtree_kernels.tree import MASK_COMPACT
 
 from .cases import assert_close, make_case
@@ -171,7 +171,7 @@ def test_architecture_configs_match_reference(config_name):
 
     config = dataclasses.replace(SHIPPED[config_name], min_chunk=64)
     case = make_case([0, 700, 1300], [9, 5, 9], 8, DEVICE)  # 72 rows a request: the wide tile
-    assert config.prefix_for(case.max_draft * 8, 3) is config.prefix_wide
+    assert config.prefix_for(case.max_draft * 8) is config.prefix_wide
     plan = plan_verify(3, 8, case.max_draft, case.q.shape[0], DEVICE, config=config)
     assert_close(_run_planned(plan, case), case.reference()[0], case)
 
@@ -183,6 +183,7 @@ def test_a_plan_for_another_cache_layout_is_refused():
     plan = plan_verify(1, 8, case.max_draft, case.q.shape[0], DEVICE)
     with pytest.raises(ValueError, match=r"plan_verify\(\.\.\., kv_fp8=True"):
         _run_planned(plan, case)
-    fp8_plan = plan_verify(1, 8, case.max_draft, case.q.shape[0], DEVICE, kv_fp8=True,
-                           v_from_k=values_in_keys(case.k_cache, case.v_cache))
+    kv_fp8, v_from_k = cache_layout(case.k_cache, case.v_cache)
+    assert kv_fp8
+    fp8_plan = plan_verify(1, 8, case.max_draft, case.q.shape[0], DEVICE, kv_fp8=kv_fp8, v_from_k=v_from_k)
     assert_close(_run_planned(fp8_plan, case), case.reference()[0], case)
