@@ -40,6 +40,8 @@ class VerifyConfig:
     prefix_fp8: TileConfig  # fp8 cache: the widened tiles need more registers
     prefix_split_v: TileConfig  # values in a separate buffer: two tiles in shared memory
     tree: TileConfig
+    # A merge program reads up to merge_block_d x merge_block_s partial values a step; the
+    # launcher trades columns for parts to take every part in one step (launcher.merge_tile).
     merge_block_d: int = 64  # output columns a merge program owns (more programs: the merge is latency-bound)
     merge_block_s: int = 32  # parts a merge loop iteration reads
     merge_num_warps: int = 4
@@ -49,9 +51,15 @@ class VerifyConfig:
     # rows. Used when a request has at least wide_min_rows rows (draft tokens x heads).
     prefix_wide: TileConfig | None = None
     wide_min_rows: int = 64
+    # Rows past the last whole wide block (GLM-5: 72 = 64 + 8) run on the `prefix` tile in a
+    # second launch when there are at most this many, instead of in a mostly empty wide block.
+    wide_tail_max_rows: int = 32
     # Prefetch each split's slot indices into L2 before its loop (PTX prefetch): the gather of
     # every key tile waits on them, so each iteration would otherwise wait for a DRAM trip.
     prefetch_slots: bool = True
+    # Launch the tree and merge kernels as programmatic dependents of the prefix kernel
+    # (sm_90+; the launcher ignores it elsewhere), hiding their launch latency in its tail.
+    pdl: bool = True
 
     def prefix_for(self, rows_per_request: int, *, kv_fp8: bool = False, v_from_k: bool = True) -> TileConfig:
         """The prefix tile for requests of up to this many rows each, on this cache layout."""
@@ -62,6 +70,14 @@ class VerifyConfig:
         if self.prefix_wide is not None and rows_per_request >= self.wide_min_rows:
             return self.prefix_wide
         return self.prefix
+
+    def tail_rows(self, rows_per_request: int, *, kv_fp8: bool = False, v_from_k: bool = True) -> int:
+        """Rows of each request that the `prefix` tile takes after the wide tile's whole blocks (0: none)."""
+        tile = self.prefix_for(rows_per_request, kv_fp8=kv_fp8, v_from_k=v_from_k)
+        if tile is not self.prefix_wide:
+            return 0
+        tail = rows_per_request % tile.block_m
+        return tail if tail <= self.wide_tail_max_rows else 0
 
 
 # sm_120 (and any GPU not listed): 99 KB of shared memory a block and about 100 KB an SM, so
@@ -85,6 +101,9 @@ PORTABLE = VerifyConfig(
 # slower at 8k-32k, faster from 64k. Decode (8 rows) stays on 16-row tiles (87 vs 140 µs).
 # The fp8 tile with 4 warps: 122 vs 156 µs (n1), 451 vs 661 µs (n9). The wide tile and the
 # 4-warp fp8 tile spill (560 and 176 bytes under Triton 3.9): measured faster anyway.
+# Session 4: the row tail past the wide blocks (GLM-5: 8 of 72 rows) on the 16-row tile, in a
+# launch beside the wide one, one wave of both: 185k H8 n9 226 -> 169 µs, 185k H16 n9 346 -> 283,
+# 185k H8 n33 496 -> 447, bs4 64k H8 n9 322 -> 230 (sweep log, "session 4").
 HOPPER = dataclasses.replace(
     PORTABLE,
     prefix=dataclasses.replace(PORTABLE.prefix, ctas_per_sm=2),

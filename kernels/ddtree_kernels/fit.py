@@ -25,6 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 from .configs import SHARED_MEMORY_LIMIT, SHARED_MEMORY_PER_SM, SHIPPED, VerifyConfig, capabilities_choosing
+from .launcher import merge_tile
 
 TARGETS = ((12, 0), (9, 0))
 
@@ -32,7 +33,7 @@ TARGETS = ((12, 0), (9, 0))
 _PREFIX_SIG = dict(
     Q="*bf16", K_buf="*KV", V_buf="*KV", kv_indices="*i64", qo_indptr="*i32", kv_indptr="*i32",
     O_part="*fp32", LSE_part="*fp32", k_scale="fp32", v_scale="fp32", qk_scale_log2="fp32",
-    min_chunk="i32", stride_qt="i32", stride_qh="i32", stride_ks="i32", stride_vs="i32",
+    min_chunk="i32", row_base="i32", stride_qt="i32", stride_qh="i32", stride_ks="i32", stride_vs="i32",
     stride_or="i32", stride_op="i32", stride_lr="i32",
 )
 _TREE_SIG = dict(
@@ -69,6 +70,10 @@ class FitResult:
     num_warps: int = 4
     declared_ctas_per_sm: int = 0  # what the config tells the planner (prefix tiles only)
     error: str = ""
+    # Grid-dependency instructions in the PTX (programmatic dependent launch): what lets the
+    # next kernel launch early, and the waits that keep the prefix -> tree -> merge order.
+    launch_dependents: int = 0
+    grid_waits: int = 0
 
     @property
     def fits(self) -> bool:
@@ -102,24 +107,28 @@ def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int, 
     dims = dict(H=8, D_V=512, D_R=64, BLOCK_DV=512, BLOCK_DR=64)
     tc = conf.tree
     out = []
-    prefixes = [("bf16", True, conf.prefix), ("fp8e4nv", True, conf.prefix_fp8),
-                ("fp8e4nv", False, conf.prefix_fp8), ("bf16", False, conf.prefix_split_v)]
+    # (cache dtype, V from K, tile, the row-tail launch: it ends waiting on the main one)
+    prefixes = [("bf16", True, conf.prefix, False), ("fp8e4nv", True, conf.prefix_fp8, False),
+                ("fp8e4nv", False, conf.prefix_fp8, False), ("bf16", False, conf.prefix_split_v, False)]
     if conf.prefix_wide is not None:
-        prefixes.append(("bf16", True, conf.prefix_wide))
-    for kv, v_from_k, pc in prefixes:
+        prefixes += [("bf16", True, conf.prefix_wide, False), ("bf16", True, conf.prefix, True)]
+    for kv, v_from_k, pc, row_tail in prefixes:
         sig = {k: (kv if v == "*KV" else v) for k, v in _PREFIX_SIG.items()}
         sig = {k: ("*" + kv if v == kv else v) for k, v in sig.items()}
         const = dict(dims, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n,
                      V_FROM_K=v_from_k, SCALE_FROM_PTR=False, WIDEN_TO_FP16=kv != "bf16", DOT_FP32=False,
-                     PREFETCH_L2=True)
-        wide = ",wide" if pc is conf.prefix_wide else ""
-        out.append(("prefix", f"kv={kv},v_from_k={v_from_k}{wide}", sig, const, pc.num_warps, pc.num_stages,
+                     PREFETCH_L2=True, USE_PDL=True, WAIT_AT_EXIT=row_tail)
+        role = ",wide" if pc is conf.prefix_wide else ",row tail" if row_tail else ""
+        out.append(("prefix", f"kv={kv},v_from_k={v_from_k}{role}", sig, const, pc.num_warps, pc.num_stages,
                     pc.ctas_per_sm))
     for mode, name in ((1, "sglang_flat"), (0, "chain"), (2, "compact")):
-        const = dict(dims, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, MASK_MODE=mode, DOT_FP32=False)
+        const = dict(dims, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, MASK_MODE=mode, DOT_FP32=False, USE_PDL=True)
         out.append(("tree", f"mask={name}", dict(_TREE_SIG), const, tc.num_warps, tc.num_stages, 0))
-    const = dict(H=8, D_V=512, BLOCK_D=conf.merge_block_d, BLOCK_S=conf.merge_block_s, STORE_LSE=True)
-    out.append(("merge", "lse", dict(_MERGE_SIG), const, conf.merge_num_warps, 1, 0))
+    for parts in (conf.merge_block_s, conf.max_splits + 1):  # the widest and the tallest merge tile
+        block_d, block_s = merge_tile(conf, parts)
+        const = dict(H=8, D_V=512, BLOCK_D=block_d, BLOCK_S=block_s, STORE_LSE=True, USE_PDL=True)
+        out.append(("merge", f"lse,{block_d}x{block_s}", dict(_MERGE_SIG), const,
+                    conf.merge_num_warps, 1, 0))
     return out
 
 
@@ -163,8 +172,11 @@ def compile_variant(job: tuple) -> FitResult:
             options={"num_warps": warps, "num_stages": stages},
         )
         regs, stack, local = _resource_usage(compiled.asm["cubin"])
+        ptx = compiled.asm["ptx"]
         return FitResult(config_name, target_name, kernel, variant, compiled.metadata.shared, limit,
-                         regs, stack, local, must_fit, warps, ctas)
+                         regs, stack, local, must_fit, warps, ctas,
+                         launch_dependents=ptx.count("griddepcontrol.launch_dependents"),
+                         grid_waits=ptx.count("griddepcontrol.wait"))
     except Exception as exc:  # a config that cannot compile must show up, not crash the report
         return FitResult(config_name, target_name, kernel, variant, 0, limit, 0, 0, 0, must_fit, warps, ctas,
                          error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")

@@ -3,7 +3,9 @@
 Planning (`plan_verify`) looks only at static facts (shapes, the device), so the
 same plan, grid and buffers serve every replay of a captured CUDA graph. Running
 (`run_verify`) launches three kernels into caller-owned buffers and never reads a
-device value on the host.
+device value on the host. On sm_90 and newer the tree and merge kernels are launched
+as programmatic dependents of the prefix kernel, so their launch and prologue overlap
+its tail instead of following it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache, cached_property, lru_cache
 
 import torch
 import triton
@@ -49,11 +51,45 @@ class VerifyPlan:
     config: VerifyConfig
     kv_fp8: bool = False  # the cache is float8_e4m3fn (the fp8 prefix tile)
     v_from_k: bool = True  # values are the first d_v columns of the key rows (SGLang's MLA pool)
+    pdl: bool = False  # programmatic dependent launch of every kernel after the first (uses_pdl)
+
+    # Launch geometry is derived once per plan (plans are cached, frozen and replayed): on the
+    # host, every verify call of an eager run pays for whatever run_verify recomputes.
 
     @property
     def prefix_tile(self) -> TileConfig:
         return self.config.prefix_for(self.max_draft_tokens * self.num_heads, kv_fp8=self.kv_fp8,
                                       v_from_k=self.v_from_k)
+
+    @property
+    def tail_rows(self) -> int:
+        """Rows a request leaves to the second, narrow-tile prefix launch (configs.wide_tail_max_rows)."""
+        return self.config.tail_rows(self.max_draft_tokens * self.num_heads, kv_fp8=self.kv_fp8,
+                                     v_from_k=self.v_from_k)
+
+    def prefix_launches(self) -> list[tuple[TileConfig, int, int]]:
+        """(tile, first row, row blocks) of each prefix launch: the main tile, then the row tail."""
+        return list(self._prefix_launches)
+
+    @cached_property
+    def _prefix_launches(self) -> tuple[tuple[TileConfig, int, int], ...]:
+        rows, tail = self.max_draft_tokens * self.num_heads, self.tail_rows
+        main = self.prefix_tile
+        if not tail:
+            return ((main, 0, _cdiv(rows, main.block_m)),)
+        narrow = self.config.prefix
+        return ((main, 0, (rows - tail) // main.block_m), (narrow, rows - tail, _cdiv(tail, narrow.block_m)))
+
+    @cached_property
+    def head_blocks(self) -> tuple[int, int]:
+        """(BLOCK_DV, BLOCK_DR): the value and rope widths padded to powers of two."""
+        return _pow2_at_least(self.d_v), _pow2_at_least(self.d_rope)
+
+    @cached_property
+    def merge_grid(self) -> tuple[tuple[int, int], int, int]:
+        """(grid, BLOCK_D, BLOCK_S) of the merge launch."""
+        block_d, block_s = merge_tile(self.config, self.num_parts)
+        return (self.total_rows, _cdiv(self.d_v, block_d)), block_d, block_s
 
     @property
     def num_parts(self) -> int:
@@ -66,7 +102,12 @@ class VerifyPlan:
 
     def row_blocks(self, block_m: int) -> int:
         """Programs that cover the rows (draft tokens x heads) of the longest request."""
-        return triton.cdiv(self.max_draft_tokens * self.num_heads, block_m)
+        return _cdiv(self.max_draft_tokens * self.num_heads, block_m)
+
+
+def _cdiv(a: int, b: int) -> int:
+    # Not triton.cdiv: on the host that is a JIT function call, several µs each.
+    return -(-a // b)
 
 
 def split_count(programs_per_split: int, slots: int, max_splits: int, slack: float = 0.03) -> int:
@@ -116,10 +157,22 @@ def plan_verify(
     if num_splits is None:
         rows = max_draft_tokens * num_heads
         tile = config.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=v_from_k)
-        num_splits = split_count(triton.cdiv(rows, tile.block_m) * batch_size, tile.ctas_per_sm * sm_count,
-                                 config.max_splits)
+        tail = config.tail_rows(rows, kv_fp8=kv_fp8, v_from_k=v_from_k)
+        if tail:
+            # The row-tail launch runs beside the main one (it launches as soon as every main
+            # program has started), on the SMs the main programs leave free. Count each program
+            # as its share of an SM, so both grids fit one wave together: GLM-5's 72 rows at
+            # 88 splits put 88 wide programs and 88 two-an-SM tail programs on 132 SMs.
+            narrow = config.prefix
+            per_split = ((rows - tail) // tile.block_m * narrow.ctas_per_sm
+                         + _cdiv(tail, narrow.block_m) * tile.ctas_per_sm) * batch_size
+            slots = sm_count * tile.ctas_per_sm * narrow.ctas_per_sm
+        else:
+            per_split = _cdiv(rows, tile.block_m) * batch_size
+            slots = sm_count * tile.ctas_per_sm
+        num_splits = split_count(per_split, slots, config.max_splits)
     return VerifyPlan(batch_size, num_heads, max_draft_tokens, total_tokens, d_v, d_rope, num_splits, config,
-                      kv_fp8, v_from_k)
+                      kv_fp8, v_from_k, uses_pdl(config, torch.device(device)))
 
 
 class Workspace:
@@ -190,6 +243,22 @@ def _pow2_at_least(x: int, floor: int = 16) -> int:
     return max(floor, triton.next_power_of_2(max(x, 1)))
 
 
+def merge_tile(conf: VerifyConfig, num_parts: int) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_S) of a merge program: every part in one step where the register
+    budget (merge_block_d x merge_block_s values) allows, narrowing the column slice to pay
+    for it, down to 8 columns (one 32-byte sector a part)."""
+    budget = conf.merge_block_d * conf.merge_block_s
+    block_s = min(_pow2_at_least(num_parts), budget // 8)
+    return max(8, min(conf.merge_block_d, budget // block_s)), block_s
+
+
+def uses_pdl(conf: VerifyConfig, device: torch.device) -> bool:
+    """Programmatic dependent launch for every kernel after the first: sm_90 and newer, not
+    under the interpreter (it runs no PTX). plan_verify records it in the plan."""
+    capability, _ = _device_facts(device)
+    return conf.pdl and capability is not None and capability >= (9, 0) and not interpreting()
+
+
 def run_verify(
     plan: VerifyPlan,
     workspace: Workspace,
@@ -220,7 +289,7 @@ def run_verify(
         )
     conf = plan.config
     H, d_v, d_r = plan.num_heads, plan.d_v, plan.d_rope
-    block_dv, block_dr = _pow2_at_least(d_v), _pow2_at_least(d_r)
+    block_dv, block_dr = plan.head_blocks
     dot_fp32 = interpreting()
     qk_scale_log2 = sm_scale * 1.4426950408889634
     k_s, v_s, scale_from_ptr = _scale_args(k_scale, v_scale)
@@ -232,21 +301,26 @@ def run_verify(
             f"kv_fp8={kv_fp8}, v_from_k={v_from_k}: call plan_verify(..., kv_fp8={kv_fp8}, v_from_k={v_from_k})"
         )
     o_part, lse_part = workspace.views(plan)
+    pdl = plan.pdl
     part_strides = (o_part.stride(0), o_part.stride(1), lse_part.stride(0))
     dims = dict(H=H, D_V=d_v, D_R=d_r, BLOCK_DV=block_dv, BLOCK_DR=block_dr)
 
-    pc = plan.prefix_tile
-    prefix_split_kernel[(plan.row_blocks(pc.block_m), plan.num_splits, plan.batch_size)](
-        q, k_buf, v_buf, kv_indices, qo_indptr, kv_indptr,
-        o_part, lse_part,
-        k_s, v_s, qk_scale_log2, conf.min_chunk,
-        q.stride(0), q.stride(1), k_buf.stride(0), v_buf.stride(0),
-        *part_strides,
-        **dims, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n,
-        V_FROM_K=v_from_k, SCALE_FROM_PTR=scale_from_ptr, WIDEN_TO_FP16=kv_fp8,
-        DOT_FP32=dot_fp32, PREFETCH_L2=conf.prefetch_slots and not dot_fp32,  # the interpreter runs no PTX
-        num_warps=pc.num_warps, num_stages=pc.num_stages,
-    )
+    # The row tail (if any) is a dependent launch: it starts once every main program has
+    # started and runs beside them (plan_verify sizes both grids to one wave together); it
+    # ends waiting for the main launch, so the tree and merge chain stays ordered.
+    for i, (pc, row_base, row_blocks) in enumerate(plan.prefix_launches()):
+        prefix_split_kernel[(row_blocks, plan.num_splits, plan.batch_size)](
+            q, k_buf, v_buf, kv_indices, qo_indptr, kv_indptr,
+            o_part, lse_part,
+            k_s, v_s, qk_scale_log2, conf.min_chunk, row_base,
+            q.stride(0), q.stride(1), k_buf.stride(0), v_buf.stride(0),
+            *part_strides,
+            **dims, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n,
+            V_FROM_K=v_from_k, SCALE_FROM_PTR=scale_from_ptr, WIDEN_TO_FP16=kv_fp8,
+            DOT_FP32=dot_fp32, PREFETCH_L2=conf.prefetch_slots and not dot_fp32,  # the interpreter runs no PTX
+            USE_PDL=pdl, WAIT_AT_EXIT=pdl and i > 0, num_warps=pc.num_warps, num_stages=pc.num_stages,
+            launch_pdl=pdl and i > 0,
+        )
 
     tc = conf.tree
     tree_block_kernel[(plan.row_blocks(tc.block_m), plan.batch_size)](
@@ -258,15 +332,16 @@ def run_verify(
         q.stride(0), q.stride(1), k_tree.stride(0), v_tree.stride(0),
         *part_strides,
         **dims, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, MASK_MODE=mask_mode, DOT_FP32=dot_fp32,
-        num_warps=tc.num_warps, num_stages=tc.num_stages,
+        USE_PDL=pdl, num_warps=tc.num_warps, num_stages=tc.num_stages, launch_pdl=pdl,
     )
 
-    merge_parts_kernel[(plan.total_rows, triton.cdiv(d_v, conf.merge_block_d))](
+    merge_grid, block_d, block_s = plan.merge_grid
+    merge_parts_kernel[merge_grid](
         o_part, lse_part, out, lse_out if lse_out is not None else o_part, qo_indptr, plan.batch_size, plan.num_parts,
         *part_strides, out.stride(0), out.stride(1), lse_out.stride(0) if lse_out is not None else 0,
-        H=H, D_V=d_v, BLOCK_D=conf.merge_block_d, BLOCK_S=conf.merge_block_s,
-        STORE_LSE=lse_out is not None,
-        num_warps=conf.merge_num_warps,
+        H=H, D_V=d_v, BLOCK_D=block_d, BLOCK_S=block_s,
+        STORE_LSE=lse_out is not None, USE_PDL=pdl,
+        num_warps=conf.merge_num_warps, launch_pdl=pdl,
     )
 
 

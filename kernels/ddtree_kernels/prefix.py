@@ -9,10 +9,14 @@ columns of the same rows, read from the K tile when V is a view of K.
 
 Each program writes a normalised partial output and its base-2 log-sum-exp;
 `merge.py` combines the parts. An empty chunk writes LSE = -inf and no output.
+
+A launch covers the rows from `row_base` on: on Hopper the rows past the last whole
+64-row block run in a second launch on the 16-row tile (launcher.py, "row tail").
 """
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .tile import online_softmax_step, score_tile, store_partial
 
@@ -38,26 +42,33 @@ def prefetch_to_l2(ptrs):
 def prefix_split_kernel(
     Q, K_buf, V_buf, kv_indices, qo_indptr, kv_indptr,
     O_part, LSE_part,
-    k_scale, v_scale, qk_scale_log2, min_chunk,
+    k_scale, v_scale, qk_scale_log2, min_chunk, row_base,
     stride_qt, stride_qh, stride_ks, stride_vs,
     stride_or, stride_op, stride_lr,
     H: tl.constexpr, D_V: tl.constexpr, D_R: tl.constexpr,
     BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     V_FROM_K: tl.constexpr, SCALE_FROM_PTR: tl.constexpr, WIDEN_TO_FP16: tl.constexpr, DOT_FP32: tl.constexpr,
-    PREFETCH_L2: tl.constexpr,
+    PREFETCH_L2: tl.constexpr, USE_PDL: tl.constexpr, WAIT_AT_EXIT: tl.constexpr,
 ):
+    if USE_PDL:
+        # Let the kernels after this one launch now and wait on their own (launcher.py):
+        # their launch latency and prologue then overlap this grid's tail.
+        gdc_launch_dependents()
     row_block = tl.program_id(0)
     split = tl.program_id(1)
     req = tl.program_id(2)
     num_splits = tl.num_programs(1)
 
+    # All four bounds load before the first branch: one memory round trip, not two.
     q_start = tl.load(qo_indptr + req).to(tl.int32)
     n_rows = (tl.load(qo_indptr + req + 1).to(tl.int32) - q_start) * H
-    if row_block * BLOCK_M >= n_rows:
-        return
     kv_start = tl.load(kv_indptr + req).to(tl.int64)
     prefix_len = (tl.load(kv_indptr + req + 1).to(tl.int64) - kv_start).to(tl.int32)
+    if row_base + row_block * BLOCK_M >= n_rows:
+        if WAIT_AT_EXIT:
+            gdc_wait()
+        return
 
     # Chunk bounds: equal chunks, whole key tiles, at least min_chunk keys so short
     # prefixes use fewer programs instead of many near-empty ones.
@@ -66,11 +77,13 @@ def prefix_split_kernel(
     lo = split * chunk
     hi = tl.minimum(lo + chunk, prefix_len)
 
-    offs_m = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = row_base + row_block * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = offs_m < n_rows
     rows = q_start * H + offs_m  # row index into the partial buffers
     if lo >= hi:
         tl.store(LSE_part + rows.to(tl.int64) * stride_lr + split, float("-inf"), mask=row_ok)
+        if WAIT_AT_EXIT:
+            gdc_wait()
         return
 
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -127,3 +140,8 @@ def prefix_split_kernel(
     store_partial(O_part, LSE_part, rows, row_ok, split, acc, l_i, m_i,
                   load_scale(v_scale, SCALE_FROM_PTR),
                   stride_or, stride_op, stride_lr, offs_dv, dv_ok)
+    if WAIT_AT_EXIT:
+        # The row-tail launch runs as a dependent of the main one and reads nothing it
+        # writes; ending every program with this wait (here and at the early returns) makes
+        # the grid finish only after the main one, which keeps the chain to the merge intact.
+        gdc_wait()

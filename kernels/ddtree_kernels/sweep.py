@@ -23,15 +23,20 @@ from .launcher import Workspace, plan_verify
 
 
 def time_config(case: Case, tile: TileConfig, device: str = "cuda", min_chunk: int | None = None,
-                merge: tuple[int, int] | None = None, prefetch_slots: bool = True) -> tuple[float, int]:
-    """Median µs of one verify call in a replayed CUDA graph (pools rotated), and the split count."""
-    cfg = dataclasses.replace(PORTABLE, prefix=tile, prefix_fp8=tile, prefix_wide=None,
-                              min_chunk=min_chunk or PORTABLE.min_chunk, prefetch_slots=prefetch_slots)
+                merge: tuple[int, int] | None = None, prefetch_slots: bool = True,
+                pdl: bool = True, wide: TileConfig | None = None, tail_max: int = 0,
+                splits: int | None = None) -> tuple[float, int]:
+    """Median µs of one verify call in a replayed CUDA graph (pools rotated), and the split count.
+    `tile` serves every request unless `wide` is given: then `wide` takes requests of at least its
+    row count, and a row tail of up to `tail_max` rows goes to `tile` in a second launch."""
+    cfg = dataclasses.replace(PORTABLE, prefix=tile, prefix_fp8=tile, prefix_wide=wide,
+                              wide_min_rows=wide.block_m if wide else 0, wide_tail_max_rows=tail_max,
+                              min_chunk=min_chunk or PORTABLE.min_chunk, prefetch_slots=prefetch_slots, pdl=pdl)
     if merge:
         cfg = dataclasses.replace(cfg, merge_block_d=merge[0], merge_block_s=merge[1])
     p = Problem(case, device)
     T = case.bs * case.n
-    plan = plan_verify(case.bs, case.H, case.n, T, device, config=cfg, kv_fp8=case.fp8)
+    plan = plan_verify(case.bs, case.H, case.n, T, device, config=cfg, kv_fp8=case.fp8, num_splits=splits)
     ws = Workspace.for_plan(plan, device)
     out = torch.empty(T, case.H, 512, dtype=torch.bfloat16, device=device)
     us = time_in_graphs([lambda pool=pool: p.run_ours(plan, ws, out, pool) for pool in p.pools])
@@ -54,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fp8", action="store_true", help="fp8_e4m3 KV cache")
     ap.add_argument("--min-chunk", type=int, action="append", help="fewest keys a split takes (repeat to compare)")
     ap.add_argument("--no-prefetch", action="store_true", help="also time without the L2 prefetch of slot indices")
+    ap.add_argument("--wide", type=_tile, help="a wide tile for requests of at least its rows (with --tile)")
+    ap.add_argument("--tail-max", type=int, action="append",
+                    help="with --wide: row tails up to this many go to --tile in a second launch (repeat)")
+    ap.add_argument("--splits", type=int, action="append", help="prefix splits instead of the planner's (repeat)")
+    ap.add_argument("--no-pdl", action="store_true", help="also time without programmatic dependent launch")
     ap.add_argument("--merge", type=_merge, action="append", help="merge program: DxS columns x parts (repeat)")
     args = ap.parse_args(argv)
     copy, mm = ceilings("cuda")
@@ -61,15 +71,19 @@ def main(argv: list[str] | None = None) -> int:
     for spec in args.case:
         case = Case(*(int(x) for x in spec.split(",")), fp8=args.fp8)
         floor = max(case.kv_bytes() / copy / 1e3, case.flops() / mm / 1e6)
-        runs = [(t, c, m, pf) for t in args.tile for c in (args.min_chunk or [None]) for m in (args.merge or [None])
-                for pf in ((True, False) if args.no_prefetch else (True,))]
-        for tile, chunk, merge, prefetch in runs:
+        runs = [(t, c, m, pf, pdl, tail, splits) for t in args.tile for c in (args.min_chunk or [None])
+                for m in (args.merge or [None]) for pf in ((True, False) if args.no_prefetch else (True,))
+                for pdl in ((True, False) if args.no_pdl else (True,)) for tail in (args.tail_max or [0])
+                for splits in (args.splits or [None])]
+        for tile, chunk, merge, prefetch, pdl, tail, splits in runs:
             try:
-                us, splits = time_config(case, tile, min_chunk=chunk, merge=merge, prefetch_slots=prefetch)
+                us, splits = time_config(case, tile, min_chunk=chunk, merge=merge, prefetch_slots=prefetch, pdl=pdl,
+                                         wide=args.wide, tail_max=tail, splits=splits)
                 merge = merge or (PORTABLE.merge_block_d, PORTABLE.merge_block_s)
                 print(f"{case.label:26} {tile.block_m}x{tile.block_n}x{tile.num_warps}x{tile.num_stages}"
                       f"x{tile.ctas_per_sm:<3} chunk {chunk or PORTABLE.min_chunk:<5} merge {merge[0]}x{merge[1]:<4}"
-                      f"{'' if prefetch else ' no-prefetch'}"
+                      f"{'' if prefetch else ' no-prefetch'}{'' if pdl else ' no-pdl'}"
+                      f"{f' wide {args.wide.block_m}x{args.wide.block_n} tail<={tail}' if args.wide else ''}"
                       f"{us:9.1f} µs  {case.kv_bytes() / us / 1e3:6.0f} GB/s  {floor / us:5.1%} of floor  "
                       f"splits {splits}", flush=True)
             except Exception as exc:  # a tile that does not compile or fit is a result, not a crash

@@ -34,6 +34,22 @@ def test_every_config_and_variant_was_compiled_for_both_targets(fit_report):
     assert not [r for r in fit_report if r["error"]], [r for r in fit_report if r["error"]]
 
 
+def test_dependent_launch_chain_is_compiled_in(fit_report):
+    """With programmatic dependent launch the merge must not read partials before every prefix
+    and tree program is done: each prefix kernel lets the next launch early, the row-tail prefix
+    and the tree end waiting on the grid before them, and the merge waits before reading."""
+    for r in fit_report:
+        where = f"{r['config']} {r['target']} {r['kernel']} {r['variant']}"
+        if r["kernel"] == "prefix":
+            assert r["launch_dependents"] >= 1, where
+            assert (r["grid_waits"] >= 1) == r["variant"].endswith("row tail"), where
+        elif r["kernel"] == "tree":
+            assert r["launch_dependents"] >= 1 and r["grid_waits"] >= 1, where
+        else:
+            assert r["grid_waits"] >= 1, where
+    assert any(r["variant"].endswith("row tail") for r in fit_report)
+
+
 def test_sm120_shared_memory_and_no_spills(fit_report):
     sm120 = [r for r in fit_report if r["target"] == "sm_120" and r["must_fit"]]
     assert sm120

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from ddtree_kernels.launcher import split_count
 
@@ -44,4 +45,58 @@ def test_plan_sizes_its_grid_by_the_tile_that_runs(kv_fp8, v_from_k):
     expected = HOPPER.prefix_fp8 if kv_fp8 else HOPPER.prefix_wide if v_from_k else HOPPER.prefix_split_v
     assert tile is expected
     sm_count = 4  # what the planner assumes off a GPU
-    assert plan.num_splits == split_count(math.ceil(72 / tile.block_m), tile.ctas_per_sm * sm_count, HOPPER.max_splits)
+    if tile is HOPPER.prefix_wide:
+        # 64 rows on the wide tile (one an SM) beside an 8-row tail on the 16-row tile (two an SM):
+        # a split costs 2 + 1 half-SMs
+        assert plan.tail_rows == 8
+        assert plan.num_splits == split_count(1 * 2 + 1 * 1, sm_count * 1 * 2, HOPPER.max_splits)
+    else:
+        assert plan.tail_rows == 0
+        assert plan.num_splits == split_count(math.ceil(72 / tile.block_m), tile.ctas_per_sm * sm_count,
+                                              HOPPER.max_splits)
+
+
+@pytest.mark.parametrize("heads,tokens,launches", [
+    (8, 9, [("wide", 0, 1), ("prefix", 64, 1)]),     # GLM-5: 72 = 64 + an 8-row tail
+    (16, 9, [("wide", 0, 2), ("prefix", 128, 1)]),   # 144 = 128 + 16
+    (8, 33, [("wide", 0, 4), ("prefix", 256, 1)]),   # 264 = 256 + 8
+    (8, 12, [("wide", 0, 1), ("prefix", 64, 2)]),    # 96 = 64 + 32: still a tail
+    (4, 25, [("wide", 0, 2)]),                       # 100 = 64 + 36: too many, one more wide block
+    (64, 9, [("wide", 0, 9)]),                       # 576: whole wide blocks
+    (8, 1, [("prefix", 0, 1)]),                      # decode: the 16-row tile alone
+])
+def test_row_tail_goes_to_the_narrow_tile(heads, tokens, launches):
+    """A few rows past the last whole 64-row block would waste most of a wide block (and its
+    key gather): up to wide_tail_max_rows of them run on the 16-row tile in a second launch."""
+    from ddtree_kernels.configs import HOPPER
+    from ddtree_kernels.launcher import plan_verify
+
+    plan = plan_verify(1, heads, tokens, tokens, "cpu", config=HOPPER)
+    names = {id(HOPPER.prefix_wide): "wide", id(HOPPER.prefix): "prefix"}
+    got = [(names[id(tile)], row_base, blocks) for tile, row_base, blocks in plan.prefix_launches()]
+    assert got == launches
+    covered = sum(blocks * tile.block_m for tile, _, blocks in plan.prefix_launches())
+    assert covered >= heads * tokens  # every row is owned by some program
+
+
+@pytest.mark.parametrize("parts", [2, 17, 65, 129, 258, 513, 2000])
+def test_merge_tile_covers_the_parts_within_its_register_budget(parts):
+    """One step over every part where the budget allows; never more values than the budget."""
+    from ddtree_kernels.configs import HOPPER
+    from ddtree_kernels.launcher import merge_tile
+
+    block_d, block_s = merge_tile(HOPPER, parts)
+    budget = HOPPER.merge_block_d * HOPPER.merge_block_s
+    assert block_d * block_s <= budget
+    assert block_d >= 8 and block_d & (block_d - 1) == 0 and block_s & (block_s - 1) == 0
+    if parts <= budget // 8:
+        assert block_s >= parts
+
+
+def test_programmatic_dependent_launch_only_where_it_exists():
+    """PDL needs sm_90+ and real PTX: never under the interpreter or on a CPU device."""
+    from ddtree_kernels.configs import HOPPER
+    from ddtree_kernels.launcher import plan_verify, uses_pdl
+
+    assert not uses_pdl(HOPPER, torch.device("cpu"))
+    assert not plan_verify(1, 8, 9, 9, "cpu", config=HOPPER).pdl  # the plan carries the decision
