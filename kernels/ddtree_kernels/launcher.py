@@ -67,18 +67,14 @@ class VerifyPlan:
         return self.config.tail_rows(self.max_draft_tokens * self.num_heads, kv_fp8=self.kv_fp8,
                                      v_from_k=self.v_from_k)
 
-    def prefix_launches(self) -> list[tuple[TileConfig, int, int]]:
+    def prefix_launches(self) -> tuple[tuple[TileConfig, int, int], ...]:
         """(tile, first row, row blocks) of each prefix launch: the main tile, then the row tail."""
-        return list(self._prefix_launches)
+        return self._prefix_launches
 
     @cached_property
     def _prefix_launches(self) -> tuple[tuple[TileConfig, int, int], ...]:
-        rows, tail = self.max_draft_tokens * self.num_heads, self.tail_rows
-        main = self.prefix_tile
-        if not tail:
-            return ((main, 0, _cdiv(rows, main.block_m)),)
-        narrow = self.config.prefix
-        return ((main, 0, (rows - tail) // main.block_m), (narrow, rows - tail, _cdiv(tail, narrow.block_m)))
+        return prefix_launches(self.config, self.max_draft_tokens * self.num_heads, kv_fp8=self.kv_fp8,
+                               v_from_k=self.v_from_k)
 
     @cached_property
     def head_blocks(self) -> tuple[int, int]:
@@ -108,6 +104,18 @@ class VerifyPlan:
 def _cdiv(a: int, b: int) -> int:
     # Not triton.cdiv: on the host that is a JIT function call, several µs each.
     return -(-a // b)
+
+
+def prefix_launches(config: VerifyConfig, rows: int, *, kv_fp8: bool,
+                    v_from_k: bool) -> tuple[tuple[TileConfig, int, int], ...]:
+    """(tile, first row, row blocks) of each prefix launch for requests of `rows` rows: the main
+    tile, then the row tail on the narrow tile (configs.wide_tail_max_rows)."""
+    main = config.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=v_from_k)
+    tail = config.tail_rows(rows, kv_fp8=kv_fp8, v_from_k=v_from_k)
+    if not tail:
+        return ((main, 0, _cdiv(rows, main.block_m)),)
+    narrow = config.prefix
+    return ((main, 0, (rows - tail) // main.block_m), (narrow, rows - tail, _cdiv(tail, narrow.block_m)))
 
 
 def split_count(programs_per_split: int, slots: int, max_splits: int, slack: float = 0.03) -> int:
@@ -155,22 +163,14 @@ def plan_verify(
     capability, sm_count = _device_facts(torch.device(device))
     config = config or config_for(capability)
     if num_splits is None:
-        rows = max_draft_tokens * num_heads
-        tile = config.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=v_from_k)
-        tail = config.tail_rows(rows, kv_fp8=kv_fp8, v_from_k=v_from_k)
-        if tail:
-            # The row-tail launch runs beside the main one (it launches as soon as every main
-            # program has started), on the SMs the main programs leave free. Count each program
-            # as its share of an SM, so both grids fit one wave together: GLM-5's 72 rows at
-            # 88 splits put 88 wide programs and 88 two-an-SM tail programs on 132 SMs.
-            narrow = config.prefix
-            per_split = ((rows - tail) // tile.block_m * narrow.ctas_per_sm
-                         + _cdiv(tail, narrow.block_m) * tile.ctas_per_sm) * batch_size
-            slots = sm_count * tile.ctas_per_sm * narrow.ctas_per_sm
-        else:
-            per_split = _cdiv(rows, tile.block_m) * batch_size
-            slots = sm_count * tile.ctas_per_sm
-        num_splits = split_count(per_split, slots, config.max_splits)
+        # A row-tail launch runs beside the main one (it launches as soon as every main program
+        # has started), on the SMs the main programs leave free. Count each program as its share
+        # of an SM, so all launches fit one wave together: GLM-5's 72 rows at 88 splits put 88
+        # wide programs and 88 two-an-SM tail programs on 132 SMs.
+        launches = prefix_launches(config, max_draft_tokens * num_heads, kv_fp8=kv_fp8, v_from_k=v_from_k)
+        shares = math.prod(tile.ctas_per_sm for tile, _, _ in launches)
+        per_split = sum(blocks * shares // tile.ctas_per_sm for tile, _, blocks in launches) * batch_size
+        num_splits = split_count(per_split, sm_count * shares, config.max_splits)
     return VerifyPlan(batch_size, num_heads, max_draft_tokens, total_tokens, d_v, d_rope, num_splits, config,
                       kv_fp8, v_from_k, uses_pdl(config, torch.device(device)))
 
