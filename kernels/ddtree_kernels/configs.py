@@ -30,6 +30,10 @@ class TileConfig:
     # targets that choose it; the split count fills whole waves of them. The fit test checks
     # it against the compiled kernel (`python -m ddtree_kernels.fit`).
     ctas_per_sm: int = 2
+    # Prefix tiles: score keys x rows (the key tile as the left operand, untransposed) and gather
+    # the values apart from the keys. For fp8 this keeps both gathers asynchronous (one 8-bit tile
+    # feeding two differently laid out operands is loaded synchronously by Triton's pipeliner).
+    keys_major: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,8 +61,9 @@ class VerifyConfig:
     # Prefetch each split's slot indices into L2 before its loop (PTX prefetch): the gather of
     # every key tile waits on them, so each iteration would otherwise wait for a DRAM trip.
     prefetch_slots: bool = True
-    # Launch the tree and merge kernels as programmatic dependents of the prefix kernel
-    # (sm_90+; the launcher ignores it elsewhere), hiding their launch latency in its tail.
+    # Launch every kernel after the tree kernel (the prefix launches, then the merge) as a
+    # programmatic dependent of the one before it (sm_90+; the launcher ignores it elsewhere),
+    # hiding each launch's latency in the grid before it.
     pdl: bool = True
 
     def prefix_for(self, rows_per_request: int, *, kv_fp8: bool = False, v_from_k: bool = True) -> TileConfig:
@@ -83,11 +88,13 @@ class VerifyConfig:
 # sm_120 (and any GPU not listed): 99 KB of shared memory a block and about 100 KB an SM, so
 # every prefix tile below is one program per SM there (the fit report says so); the 16-row
 # tile double-buffers the gathered key tile (93 KB). fp8 tiles are widened in registers and
-# need 8 warps to stay spill-free; a separate V tile needs 16-key tiles to fit. The merge takes
-# 128 parts a step: decode's 257 splits merge in 3 steps instead of 9.
+# need 8 warps to stay spill-free; they score keys-major with the values gathered apart (89 KB;
+# on the H200 at one program an SM, as a stand-in: 185k n1 136.7 -> 125.2 µs, n9 619 -> 570,
+# sweep log "session 5"). A separate V tile needs 16-key tiles to fit. A merge program reads up
+# to 32 x 128 partial values a step (launcher.merge_tile).
 PORTABLE = VerifyConfig(
     prefix=TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=1),
-    prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=8, num_stages=3, ctas_per_sm=1),
+    prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=8, num_stages=3, ctas_per_sm=1, keys_major=True),
     prefix_split_v=TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=2, ctas_per_sm=1),
     tree=TileConfig(block_m=32, block_n=32, num_warps=8, num_stages=1),
     merge_block_d=32,
@@ -104,10 +111,12 @@ PORTABLE = VerifyConfig(
 # Session 4: the row tail past the wide blocks (GLM-5: 8 of 72 rows) on the 16-row tile, in a
 # launch beside the wide one, one wave of both: 185k H8 n9 226 -> 169 µs, 185k H16 n9 346 -> 283,
 # 185k H8 n33 496 -> 447, bs4 64k H8 n9 322 -> 230 (sweep log, "session 4").
+# Session 5: the fp8 tile scores keys-major with the values gathered apart, so both 8-bit gathers
+# are asynchronous: 185k H8 n1 108.9 -> 101.7 µs, n9 442 -> 402, 64k H16 n9 288 -> 262 (sweep log).
 HOPPER = dataclasses.replace(
     PORTABLE,
     prefix=dataclasses.replace(PORTABLE.prefix, ctas_per_sm=2),
-    prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=2),
+    prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=2, keys_major=True),
     prefix_wide=TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1),
 )
 

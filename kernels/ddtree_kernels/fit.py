@@ -71,7 +71,7 @@ class FitResult:
     declared_ctas_per_sm: int = 0  # what the config tells the planner (prefix tiles only)
     error: str = ""
     # Grid-dependency instructions in the PTX (programmatic dependent launch): what lets the
-    # next kernel launch early, and the waits that keep the prefix -> tree -> merge order.
+    # next kernel launch early, and the waits that keep the tree -> prefix -> merge order.
     launch_dependents: int = 0
     grid_waits: int = 0
 
@@ -107,18 +107,18 @@ def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int, 
     dims = dict(H=8, D_V=512, D_R=64, BLOCK_DV=512, BLOCK_DR=64)
     tc = conf.tree
     out = []
-    # (cache dtype, V from K, tile, the row-tail launch: it ends waiting on the main one)
-    prefixes = [("bf16", True, conf.prefix, False), ("fp8e4nv", True, conf.prefix_fp8, False),
-                ("fp8e4nv", False, conf.prefix_fp8, False), ("bf16", False, conf.prefix_split_v, False)]
+    # (cache dtype, V from K, tile); the row-tail launch compiles to the first variant
+    prefixes = [("bf16", True, conf.prefix), ("fp8e4nv", True, conf.prefix_fp8),
+                ("fp8e4nv", False, conf.prefix_fp8), ("bf16", False, conf.prefix_split_v)]
     if conf.prefix_wide is not None:
-        prefixes += [("bf16", True, conf.prefix_wide, False), ("bf16", True, conf.prefix, True)]
-    for kv, v_from_k, pc, row_tail in prefixes:
+        prefixes.append(("bf16", True, conf.prefix_wide))
+    for kv, v_from_k, pc in prefixes:
         sig = {k: (kv if v == "*KV" else v) for k, v in _PREFIX_SIG.items()}
         sig = {k: ("*" + kv if v == kv else v) for k, v in sig.items()}
         const = dict(dims, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n,
                      V_FROM_K=v_from_k, SCALE_FROM_PTR=False, WIDEN_TO_FP16=kv != "bf16", DOT_FP32=False,
-                     PREFETCH_L2=True, USE_PDL=True, WAIT_AT_EXIT=row_tail)
-        role = ",wide" if pc is conf.prefix_wide else ",row tail" if row_tail else ""
+                     PREFETCH_L2=True, USE_PDL=True, KEYS_MAJOR=pc.keys_major)
+        role = ",wide" if pc is conf.prefix_wide else ""
         out.append(("prefix", f"kv={kv},v_from_k={v_from_k}{role}", sig, const, pc.num_warps, pc.num_stages,
                     pc.ctas_per_sm))
     for mode, name in ((1, "sglang_flat"), (0, "chain"), (2, "compact")):

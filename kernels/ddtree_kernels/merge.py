@@ -29,7 +29,8 @@ def merge_parts_kernel(
         return
     if USE_PDL:
         # Launched while the prefix kernel still runs (programmatic dependent launch): wait
-        # for the tree kernel, which itself finishes only after the prefix kernel.
+        # for the last prefix launch, which finishes only after the tree kernel and every
+        # prefix launch before it (launcher.run_verify).
         gdc_wait()
     lse_row = LSE_part + row.to(tl.int64) * stride_lr
     o_row = O_part + row.to(tl.int64) * stride_or

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .tile import online_softmax_step, score_tile, store_partial
+from .tile import online_softmax_step, online_softmax_step_keys_major, score_tile, score_tile_keys_major, store_partial
 
 
 @triton.jit
@@ -49,7 +49,7 @@ def prefix_split_kernel(
     BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     V_FROM_K: tl.constexpr, SCALE_FROM_PTR: tl.constexpr, WIDEN_TO_FP16: tl.constexpr, DOT_FP32: tl.constexpr,
-    PREFETCH_L2: tl.constexpr, USE_PDL: tl.constexpr, WAIT_AT_EXIT: tl.constexpr,
+    PREFETCH_L2: tl.constexpr, USE_PDL: tl.constexpr, KEYS_MAJOR: tl.constexpr,
 ):
     if USE_PDL:
         # Let the kernels after this one launch now and wait on their own (launcher.py):
@@ -66,7 +66,7 @@ def prefix_split_kernel(
     kv_start = tl.load(kv_indptr + req).to(tl.int64)
     prefix_len = (tl.load(kv_indptr + req + 1).to(tl.int64) - kv_start).to(tl.int32)
     if row_base + row_block * BLOCK_M >= n_rows:
-        if WAIT_AT_EXIT:
+        if USE_PDL:
             gdc_wait()
         return
 
@@ -82,7 +82,7 @@ def prefix_split_kernel(
     rows = q_start * H + offs_m  # row index into the partial buffers
     if lo >= hi:
         tl.store(LSE_part + rows.to(tl.int64) * stride_lr + split, float("-inf"), mask=row_ok)
-        if WAIT_AT_EXIT:
+        if USE_PDL:
             gdc_wait()
         return
 
@@ -127,21 +127,31 @@ def prefix_split_kernel(
         k_ptrs = K_buf + slot[:, None] * stride_ks
         k_nope = tl.load(k_ptrs + offs_dv[None, :], mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
         k_rope = tl.load(k_ptrs + D_V + offs_dr[None, :], mask=n_ok[:, None] & dr_ok[None, :], other=0.0)
-        qk = score_tile(q_nope, q_rope, k_nope, k_rope, D_R > 0, DOT_FP32) * qk_scale
-        qk = tl.where(n_ok[None, :], qk, float("-inf"))
-        if V_FROM_K:
+        # KEYS_MAJOR (the fp8 tiles): scores as k·qᵀ with the key tile the untransposed left
+        # operand, and values gathered on their own. Each 8-bit tile then has one use, and Triton's
+        # pipeliner gathers all three asynchronously; shared by two dots, the key tile is loaded
+        # synchronously (configs.TileConfig.keys_major).
+        if V_FROM_K and not KEYS_MAJOR:
             v = k_nope
         else:
             v = tl.load(V_buf + slot[:, None] * stride_vs + offs_dv[None, :],
                         mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
-        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, qk, v, q_nope, DOT_FP32)
+        if KEYS_MAJOR:
+            qk_t = score_tile_keys_major(q_nope, q_rope, k_nope, k_rope, D_R > 0, DOT_FP32) * qk_scale
+            qk_t = tl.where(n_ok[:, None], qk_t, float("-inf"))
+            acc, l_i, m_i = online_softmax_step_keys_major(acc, l_i, m_i, qk_t, v, q_nope, DOT_FP32)
+        else:
+            qk = score_tile(q_nope, q_rope, k_nope, k_rope, D_R > 0, DOT_FP32) * qk_scale
+            qk = tl.where(n_ok[None, :], qk, float("-inf"))
+            acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, qk, v, q_nope, DOT_FP32)
         slot = slot_next
 
     store_partial(O_part, LSE_part, rows, row_ok, split, acc, l_i, m_i,
                   load_scale(v_scale, SCALE_FROM_PTR),
                   stride_or, stride_op, stride_lr, offs_dv, dv_ok)
-    if WAIT_AT_EXIT:
-        # The row-tail launch runs as a dependent of the main one and reads nothing it
-        # writes; ending every program with this wait (here and at the early returns) makes
-        # the grid finish only after the main one, which keeps the chain to the merge intact.
+    if USE_PDL:
+        # This launch is a programmatic dependent of the launch before it (the tree kernel, or
+        # the main prefix launch for the row tail) and reads nothing it writes; ending every
+        # program with this wait (here and at the early returns) makes this grid complete only
+        # after that one, so the merge, which waits on the last prefix launch, sees every part.
         gdc_wait()

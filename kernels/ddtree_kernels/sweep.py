@@ -5,8 +5,9 @@
     python -m ddtree_kernels.sweep --tile 16x32x4x3x2 --wide 64x64x8x2x1 --tail-max 32 --case 1,185000,8,9 --splits 86
 
 A tile is BLOCK_M x BLOCK_N x warps x stages [x programs resident per SM, default 2: it sets
-the split count]; a case is bs,L,H,n; a merge is a budget of output columns x parts per program
-(the launcher trades columns for parts); --wide adds a tile for requests of at least its rows,
+the split count [x 1: keys-major scores with the values gathered apart (TileConfig.keys_major)]];
+a case is bs,L,H,n; a merge is a budget of output columns x parts per program (the launcher
+trades columns for parts); --wide adds a tile for requests of at least its rows,
 with a row tail of up to --tail-max rows on --tile in a second launch. This is
 how the shipped configs in configs.py were chosen (kernels/README.md, "Tuning notes").
 """
@@ -50,6 +51,11 @@ def _tile(text: str) -> TileConfig:
     return TileConfig(*(int(x) for x in text.lower().split("x")))
 
 
+def _label(tile: TileConfig) -> str:
+    return (f"{tile.block_m}x{tile.block_n}x{tile.num_warps}x{tile.num_stages}x{tile.ctas_per_sm}"
+            f"{' keys-major' if tile.keys_major else ''}")
+
+
 def _merge(text: str) -> tuple[int, int]:
     d, s = (int(x) for x in text.lower().split("x"))
     return d, s
@@ -57,7 +63,8 @@ def _merge(text: str) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tile", action="append", type=_tile, required=True, help="MxNxWARPSxSTAGES")
+    ap.add_argument("--tile", action="append", type=_tile, required=True,
+                    help="MxNxWARPSxSTAGES[xCTAS_PER_SM[xKEYS_MAJOR]]")
     ap.add_argument("--case", action="append", required=True, help="bs,L,H,n")
     ap.add_argument("--fp8", action="store_true", help="fp8_e4m3 KV cache")
     ap.add_argument("--min-chunk", type=int, action="append", help="fewest keys a split takes (repeat to compare)")
@@ -83,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
                 us, splits = time_config(case, tile, min_chunk=chunk, merge=merge, prefetch_slots=prefetch, pdl=pdl,
                                          wide=args.wide, tail_max=tail, splits=splits)
                 merge = merge or (PORTABLE.merge_block_d, PORTABLE.merge_block_s)
-                print(f"{case.label:26} {tile.block_m}x{tile.block_n}x{tile.num_warps}x{tile.num_stages}"
-                      f"x{tile.ctas_per_sm:<3} chunk {chunk or PORTABLE.min_chunk:<5} merge {merge[0]}x{merge[1]:<4}"
+                print(f"{case.label:26} {_label(tile):<13} chunk {chunk or PORTABLE.min_chunk:<5} "
+                      f"merge {merge[0]}x{merge[1]:<4}"
                       f"{'' if prefetch else ' no-prefetch'}{'' if pdl else ' no-pdl'}"
-                      f"{f' wide {args.wide.block_m}x{args.wide.block_n} tail<={tail}' if args.wide else ''}"
+                      f"{f' wide {_label(args.wide)} tail<={tail}' if args.wide else ''}"
                       f"{us:9.1f} µs  {case.kv_bytes() / us / 1e3:6.0f} GB/s  {floor / us:5.1%} of floor  "
                       f"splits {splits}", flush=True)
             except Exception as exc:  # a tile that does not compile or fit is a result, not a crash

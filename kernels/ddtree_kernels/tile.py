@@ -39,6 +39,28 @@ def score_tile(q_nope, q_rope, k_nope, k_rope, HAS_ROPE: tl.constexpr, DOT_FP32:
 
 
 @triton.jit
+def score_tile_keys_major(q_nope, q_rope, k_nope, k_rope, HAS_ROPE: tl.constexpr, DOT_FP32: tl.constexpr):
+    """Raw scores as [BLOCK_N] x [BLOCK_M] (k·qᵀ): the key tile is the left operand, untransposed."""
+    qk_t = tl.dot(dot_operand(k_nope, q_nope, DOT_FP32), tl.trans(dot_operand(q_nope, q_nope, DOT_FP32)))
+    if HAS_ROPE:
+        qk_t += tl.dot(dot_operand(k_rope, q_rope, DOT_FP32), tl.trans(dot_operand(q_rope, q_rope, DOT_FP32)))
+    return qk_t
+
+
+@triton.jit
+def online_softmax_step_keys_major(acc, l_i, m_i, qk_t, v, like, DOT_FP32: tl.constexpr):
+    """online_softmax_step for logits given as [N, M] (score_tile_keys_major)."""
+    m_new = tl.maximum(m_i, tl.max(qk_t, 0))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p_t = tl.exp2(qk_t - m_safe[None, :])
+    l_i = l_i * alpha + tl.sum(p_t, 0)
+    p = tl.trans(dot_operand(p_t, like, DOT_FP32))
+    acc = acc * alpha[:, None] + tl.dot(p, dot_operand(v, like, DOT_FP32))
+    return acc, l_i, m_new
+
+
+@triton.jit
 def online_softmax_step(acc, l_i, m_i, qk, v, like, DOT_FP32: tl.constexpr):
     """Fold one tile of base-2 logits `qk` [M, N] and values `v` [N, D] into the state.
 

@@ -16,7 +16,7 @@ Mask layouts (MASK_MODE):
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from .tile import online_softmax_step, score_tile, store_partial
 
@@ -38,9 +38,10 @@ def tree_block_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_MODE: tl.constexpr, DOT_FP32: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    # With programmatic dependent launch this grid starts while the prefix kernel still
-    # runs (it reads nothing the prefix kernel writes). Every program ends in gdc_wait, so
-    # this grid completes only after the prefix kernel: the merge need wait on this one alone.
+    # The first kernel of a call. With programmatic dependent launch the prefix kernel
+    # launches as soon as every program here has started (it reads nothing written here, and
+    # ends waiting for this grid), so this short grid runs beside the prefix kernel's first
+    # wave instead of between it and the merge.
     if USE_PDL:
         gdc_launch_dependents()
     row_block = tl.program_id(0)
@@ -50,8 +51,6 @@ def tree_block_kernel(
     n_tok = tl.load(qo_indptr + req + 1).to(tl.int32) - q_start
     n_rows = n_tok * H
     if row_block * BLOCK_M >= n_rows:
-        if USE_PDL:
-            gdc_wait()
         return
 
     offs_m = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -100,5 +99,3 @@ def tree_block_kernel(
 
     store_partial(O_part, LSE_part, rows, row_ok, part, acc, l_i, m_i, 1.0,
                   stride_or, stride_op, stride_lr, offs_dv, dv_ok)
-    if USE_PDL:
-        gdc_wait()

@@ -176,6 +176,23 @@ def test_architecture_configs_match_reference(config_name):
     assert_close(_run_planned(plan, case), case.reference()[0], case)
 
 
+@pytest.mark.parametrize("separate_v", [False, True])
+def test_keys_major_fp8_tile_matches_reference(separate_v):
+    """Hopper's fp8 tile scores keys x rows and gathers the values apart from the keys
+    (TileConfig.keys_major): a different softmax axis and value path, checked on every machine.
+    Uneven chunks (1301 keys, 64-key minimum) put masked keys in the last tile of a split."""
+    from ddtree_kernels.configs import SHIPPED
+
+    config = dataclasses.replace(SHIPPED["hopper"], min_chunk=64)
+    assert config.prefix_fp8.keys_major
+    case = make_case([0, 700, 1301], [9, 1, 5], 8, DEVICE, kv_dtype=FP8, separate_v=separate_v)
+    kv_fp8, v_from_k = cache_layout(case.k_cache, case.v_cache)
+    assert (kv_fp8, v_from_k) == (True, not separate_v)
+    plan = plan_verify(3, 8, case.max_draft, case.q.shape[0], DEVICE, config=config, kv_fp8=True, v_from_k=v_from_k)
+    assert plan.prefix_tile.keys_major
+    assert_close(_run_planned(plan, case), case.reference()[0], case)
+
+
 def test_a_plan_for_another_cache_layout_is_refused():
     """The plan's tile (and split count) depends on the cache: an fp8 call on a bf16 plan would
     run the wrong tile, so run_verify names the mismatch and the fix instead."""

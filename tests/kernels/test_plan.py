@@ -27,8 +27,16 @@ def test_split_count_avoids_the_tail_wave_of_rounding_up():
     assert split_count(5, 264, 512) == 52
 
 
+def test_split_count_fills_the_wave_to_the_last_slot():
+    # decode (one program a split, 132 SMs x 2) and GLM-5 on Hopper (a wide program and two
+    # half-SM tail programs a split): among near-equal costs in one wave, the fullest wave wins
+    assert split_count(1, 264, 512) == 264
+    assert split_count(3, 264, 512) == 88
+    assert split_count(4, 264, 512) == 66
+
+
 def test_split_count_respects_the_cap():
-    assert 62 <= split_count(1, 10_000, 64) <= 64  # within 3% of the capped best
+    assert split_count(1, 10_000, 64) == 64  # the cap, and one wave filled as far as it allows
     # a batch that fills the GPU many times over is split only to even out its last wave
     assert split_count(1000, 264, 512) <= 8
 
