@@ -125,8 +125,8 @@ def split_count(programs_per_split: int, slots: int, max_splits: int, slack: flo
     so the cost is waves / splits. One program past a full wave doubles the time (265 programs
     on 264 slots). Among the split counts within `slack` of the best cost, take the fewest waves
     (fewer partial outputs to merge), then the most splits that still fit them: a wave filled to
-    the last slot (decode: 264 splits, not 257, 72.3 -> 70.6 µs; GLM-5: 88, not 86, 175.3 -> 168.4
-    µs, sweep log "session 5").
+    the last slot. Measured (sweep log "session 5"): decode 264 splits, not 257, 72.3 -> 70.6 µs;
+    GLM-5 88, not 86, 1.5% faster at 185k and 2-4% slower at 128k (one count serves every L).
     """
     def waves(splits: int) -> int:
         return math.ceil(programs_per_split * splits / slots)
