@@ -48,11 +48,19 @@ def score_tile_keys_major(q_nope, q_rope, k_nope, k_rope, HAS_ROPE: tl.constexpr
 
 
 @triton.jit
+def raise_running_max(m_i, tile_max):
+    """(m_new, m_safe, alpha): the running row maximum after a tile, its -inf-safe form to
+    subtract, and the factor that rescales the state so far. Rows whose logits so far are all
+    -inf keep m_new = -inf; m_safe keeps exp2(-inf - -inf) from turning them into NaN."""
+    m_new = tl.maximum(m_i, tile_max)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, m_safe, tl.exp2(m_i - m_safe)
+
+
+@triton.jit
 def online_softmax_step_keys_major(acc, l_i, m_i, qk_t, v, like, DOT_FP32: tl.constexpr):
     """online_softmax_step for logits given as [N, M] (score_tile_keys_major)."""
-    m_new = tl.maximum(m_i, tl.max(qk_t, 0))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
+    m_new, m_safe, alpha = raise_running_max(m_i, tl.max(qk_t, 0))
     p_t = tl.exp2(qk_t - m_safe[None, :])
     l_i = l_i * alpha + tl.sum(p_t, 0)
     p = tl.trans(dot_operand(p_t, like, DOT_FP32))
@@ -65,12 +73,8 @@ def online_softmax_step(acc, l_i, m_i, qk, v, like, DOT_FP32: tl.constexpr):
     """Fold one tile of base-2 logits `qk` [M, N] and values `v` [N, D] into the state.
 
     `like` is the query tile: P and V enter the dot in its dtype (fp8 V is widened).
-    Rows whose logits so far are all -inf keep m_i = -inf; the safe maximum keeps
-    exp2(-inf - -inf) from turning them into NaN.
     """
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
+    m_new, m_safe, alpha = raise_running_max(m_i, tl.max(qk, 1))
     p = tl.exp2(qk - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(dot_operand(p, like, DOT_FP32), dot_operand(v, like, DOT_FP32))
