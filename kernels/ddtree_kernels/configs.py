@@ -54,6 +54,9 @@ class VerifyConfig:
     # bf16/fp16 cache with V read from K: a taller tile reads each gathered key tile for more
     # rows. Used when a request has at least wide_min_rows rows (draft tokens x heads).
     prefix_wide: TileConfig | None = None
+    # The same for an fp8 cache (either V layout): the widening of each 8-bit key tile is then
+    # paid once for 64 rows instead of once for every 16.
+    prefix_wide_fp8: TileConfig | None = None
     wide_min_rows: int = 64
     # Rows past the last whole wide block (GLM-5: 72 = 64 + 8) run on the `prefix` tile in a
     # second launch when there are at most this many, instead of in a mostly empty wide block.
@@ -69,17 +72,22 @@ class VerifyConfig:
     def prefix_for(self, rows_per_request: int, *, kv_fp8: bool = False, v_from_k: bool = True) -> TileConfig:
         """The prefix tile for requests of up to this many rows each, on this cache layout."""
         if kv_fp8:
-            return self.prefix_fp8
+            wide = self.prefix_wide_fp8
+            return wide if wide is not None and rows_per_request >= self.wide_min_rows else self.prefix_fp8
         if not v_from_k:
             return self.prefix_split_v
         if self.prefix_wide is not None and rows_per_request >= self.wide_min_rows:
             return self.prefix_wide
         return self.prefix
 
+    def narrow_for(self, *, kv_fp8: bool = False) -> TileConfig:
+        """The tile that takes the row tail past a wide tile's whole blocks."""
+        return self.prefix_fp8 if kv_fp8 else self.prefix
+
     def tail_rows(self, rows_per_request: int, *, kv_fp8: bool = False, v_from_k: bool = True) -> int:
         """Rows of each request that the `prefix` tile takes after the wide tile's whole blocks (0: none)."""
         tile = self.prefix_for(rows_per_request, kv_fp8=kv_fp8, v_from_k=v_from_k)
-        if tile is not self.prefix_wide:
+        if tile is not (self.prefix_wide_fp8 if kv_fp8 else self.prefix_wide):
             return 0
         tail = rows_per_request % tile.block_m
         return tail if tail <= self.wide_tail_max_rows else 0
@@ -113,11 +121,15 @@ PORTABLE = VerifyConfig(
 # 185k H8 n33 496 -> 447, bs4 64k H8 n9 322 -> 230 (sweep log, "session 4").
 # Session 5: the fp8 tile scores keys-major with the values gathered apart, so both 8-bit gathers
 # are asynchronous: 185k H8 n1 108.9 -> 101.7 µs, n9 442 -> 402, 64k H16 n9 288 -> 262 (sweep log).
+# Session 6: fp8 requests of 64+ rows take a 64-row x 32-key keys-major tile (one an SM, spill-free),
+# with the row tail on the 16-row fp8 tile, so each 8-bit key tile is widened once for 64 rows:
+# 185k H8 n9 401 -> 265 µs, 64k H16 n9 260 -> 165 (64 x 64 keys-major: 452 / 277; sweep log).
 HOPPER = dataclasses.replace(
     PORTABLE,
     prefix=dataclasses.replace(PORTABLE.prefix, ctas_per_sm=2),
     prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=2, keys_major=True),
     prefix_wide=TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1),
+    prefix_wide_fp8=TileConfig(block_m=64, block_n=32, num_warps=8, num_stages=2, ctas_per_sm=1, keys_major=True),
 )
 
 # Chosen by (major, minor) compute capability; anything not listed gets PORTABLE.

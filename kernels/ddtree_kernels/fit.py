@@ -112,13 +112,15 @@ def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int, 
                 ("fp8e4nv", False, conf.prefix_fp8), ("bf16", False, conf.prefix_split_v)]
     if conf.prefix_wide is not None:
         prefixes.append(("bf16", True, conf.prefix_wide))
+    if conf.prefix_wide_fp8 is not None:
+        prefixes += [("fp8e4nv", True, conf.prefix_wide_fp8), ("fp8e4nv", False, conf.prefix_wide_fp8)]
     for kv, v_from_k, pc in prefixes:
         sig = {k: (kv if v == "*KV" else v) for k, v in _PREFIX_SIG.items()}
         sig = {k: ("*" + kv if v == kv else v) for k, v in sig.items()}
         const = dict(dims, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n,
                      V_FROM_K=v_from_k, SCALE_FROM_PTR=False, WIDEN_TO_FP16=kv != "bf16", DOT_FP32=False,
                      PREFETCH_L2=True, USE_PDL=True, KEYS_MAJOR=pc.keys_major)
-        role = ",wide" if pc is conf.prefix_wide else ""
+        role = ",wide" if any(pc is w for w in (conf.prefix_wide, conf.prefix_wide_fp8)) else ""
         out.append(("prefix", f"kv={kv},v_from_k={v_from_k}{role}", sig, const, pc.num_warps, pc.num_stages,
                     pc.ctas_per_sm))
     for mode, name in ((1, "sglang_flat"), (0, "chain"), (2, "compact")):

@@ -114,7 +114,7 @@ def prefix_launches(config: VerifyConfig, rows: int, *, kv_fp8: bool,
     tail = config.tail_rows(rows, kv_fp8=kv_fp8, v_from_k=v_from_k)
     if not tail:
         return ((main, 0, _cdiv(rows, main.block_m)),)
-    narrow = config.prefix
+    narrow = config.narrow_for(kv_fp8=kv_fp8)
     return ((main, 0, (rows - tail) // main.block_m), (narrow, rows - tail, _cdiv(tail, narrow.block_m)))
 
 

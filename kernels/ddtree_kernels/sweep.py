@@ -8,7 +8,8 @@ A tile is BLOCK_M x BLOCK_N x warps x stages [x programs resident per SM, defaul
 the split count [x 1: keys-major scores with the values gathered apart (TileConfig.keys_major)]];
 a case is bs,L,H,n; a merge is a budget of output columns x parts per program (the launcher
 trades columns for parts); --wide adds a tile for requests of at least its rows,
-with a row tail of up to --tail-max rows on --tile in a second launch. This is
+with a row tail of up to --tail-max rows on --tile in a second launch (under --fp8, the fp8 wide
+tile and its tail). This is
 how the shipped configs in configs.py were chosen (kernels/README.md, "Tuning notes").
 """
 
@@ -34,6 +35,7 @@ def time_config(case: Case, tile: TileConfig, device: str = "cuda", min_chunk: i
     `tile` serves every request unless `wide` is given: then `wide` takes requests of at least its
     row count, and a row tail of up to `tail_max` rows goes to `tile` in a second launch."""
     cfg = dataclasses.replace(PORTABLE, prefix=tile, prefix_fp8=tile, prefix_wide=wide,
+                              prefix_wide_fp8=wide if case.fp8 else None,
                               wide_min_rows=wide.block_m if wide else 0, wide_tail_max_rows=tail_max,
                               min_chunk=min_chunk or PORTABLE.min_chunk, prefetch_slots=prefetch_slots, pdl=pdl)
     if merge:
@@ -97,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{us:9.1f} µs  {case.kv_bytes() / us / 1e3:6.0f} GB/s  {floor / us:5.1%} of floor  "
                       f"splits {splits}", flush=True)
             except Exception as exc:  # a tile that does not compile or fit is a result, not a crash
-                print(f"{case.label:26} {tile}: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}")
+                wide = f" wide {_label(args.wide)}" if args.wide else ""
+                print(f"{case.label:26} {_label(tile)}{wide}: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}")
             torch.cuda.empty_cache()
     return 0
 

@@ -178,9 +178,10 @@ def test_architecture_configs_match_reference(config_name):
 
 @pytest.mark.parametrize("separate_v", [False, True])
 def test_keys_major_fp8_tile_matches_reference(separate_v):
-    """Hopper's fp8 tile scores keys x rows and gathers the values apart from the keys
+    """Hopper's fp8 tiles score keys x rows and gather the values apart from the keys
     (TileConfig.keys_major): a different softmax axis and value path, checked on every machine.
-    Uneven chunks (1301 keys, 64-key minimum) put masked keys in the last tile of a split."""
+    72 rows a request: the 64-row fp8 tile and an 8-row tail on the 16-row one. Uneven chunks
+    (1301 keys, 64-key minimum) put masked keys in the last tile of a split."""
     from ddtree_kernels.configs import SHIPPED
 
     config = dataclasses.replace(SHIPPED["hopper"], min_chunk=64)
@@ -189,7 +190,8 @@ def test_keys_major_fp8_tile_matches_reference(separate_v):
     kv_fp8, v_from_k = cache_layout(case.k_cache, case.v_cache)
     assert (kv_fp8, v_from_k) == (True, not separate_v)
     plan = plan_verify(3, 8, case.max_draft, case.q.shape[0], DEVICE, config=config, kv_fp8=True, v_from_k=v_from_k)
-    assert plan.prefix_tile.keys_major
+    assert [tile for tile, _, _ in plan.prefix_launches()] == [config.prefix_wide_fp8, config.prefix_fp8]
+    assert all(tile.keys_major for tile, _, _ in plan.prefix_launches())
     assert_close(_run_planned(plan, case), case.reference()[0], case)
 
 

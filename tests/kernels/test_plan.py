@@ -43,17 +43,18 @@ def test_split_count_respects_the_cap():
 
 @pytest.mark.parametrize("kv_fp8,v_from_k", [(False, True), (True, True), (False, False)])
 def test_plan_sizes_its_grid_by_the_tile_that_runs(kv_fp8, v_from_k):
-    """GLM-5's 72 rows a request take Hopper's 64-row tile in bf16 but the 16-row fp8 tile: the
-    split count must come from the tile launched, or an fp8 call leaves a tail wave."""
+    """GLM-5's 72 rows a request take Hopper's 64-row tiles (bf16 or fp8) with an 8-row tail, but
+    the 16-row tile where V is apart from K in bf16: the split count must come from the tiles
+    launched, or a call leaves a tail wave."""
     from ddtree_kernels.configs import HOPPER
     from ddtree_kernels.launcher import plan_verify
 
     plan = plan_verify(1, 8, 9, 9, "cpu", config=HOPPER, kv_fp8=kv_fp8, v_from_k=v_from_k)
     tile = plan.prefix_tile
-    expected = HOPPER.prefix_fp8 if kv_fp8 else HOPPER.prefix_wide if v_from_k else HOPPER.prefix_split_v
+    expected = HOPPER.prefix_wide_fp8 if kv_fp8 else HOPPER.prefix_wide if v_from_k else HOPPER.prefix_split_v
     assert tile is expected
     sm_count = 4  # what the planner assumes off a GPU
-    if tile is HOPPER.prefix_wide:
+    if tile is HOPPER.prefix_wide or tile is HOPPER.prefix_wide_fp8:
         # 64 rows on the wide tile (one an SM) beside an 8-row tail on the 16-row tile (two an SM):
         # a split costs 2 + 1 half-SMs
         assert plan.tail_rows == 8
@@ -73,14 +74,17 @@ def test_plan_sizes_its_grid_by_the_tile_that_runs(kv_fp8, v_from_k):
     (64, 9, [("wide", 0, 9)]),                       # 576: whole wide blocks
     (8, 1, [("prefix", 0, 1)]),                      # decode: the 16-row tile alone
 ])
-def test_row_tail_goes_to_the_narrow_tile(heads, tokens, launches):
+@pytest.mark.parametrize("kv_fp8", [False, True])
+def test_row_tail_goes_to_the_narrow_tile(heads, tokens, launches, kv_fp8):
     """A few rows past the last whole 64-row block would waste most of a wide block (and its
-    key gather): up to wide_tail_max_rows of them run on the 16-row tile in a second launch."""
+    key gather): up to wide_tail_max_rows of them run on the 16-row tile in a second launch,
+    the fp8 one for an fp8 cache."""
     from ddtree_kernels.configs import HOPPER
     from ddtree_kernels.launcher import plan_verify
 
-    plan = plan_verify(1, heads, tokens, tokens, "cpu", config=HOPPER)
-    names = {id(HOPPER.prefix_wide): "wide", id(HOPPER.prefix): "prefix"}
+    plan = plan_verify(1, heads, tokens, tokens, "cpu", config=HOPPER, kv_fp8=kv_fp8)
+    names = ({id(HOPPER.prefix_wide_fp8): "wide", id(HOPPER.prefix_fp8): "prefix"} if kv_fp8 else
+             {id(HOPPER.prefix_wide): "wide", id(HOPPER.prefix): "prefix"})
     got = [(names[id(tile)], row_base, blocks) for tile, row_base, blocks in plan.prefix_launches()]
     assert got == launches
     covered = sum(blocks * tile.block_m for tile, _, blocks in plan.prefix_launches())
