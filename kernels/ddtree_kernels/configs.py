@@ -58,8 +58,9 @@ class VerifyConfig:
     # paid once for 64 rows instead of once for every 16.
     prefix_wide_fp8: TileConfig | None = None
     wide_min_rows: int = 64
-    # Rows past the last whole wide block (GLM-5: 72 = 64 + 8) run on the `prefix` tile in a
-    # second launch when there are at most this many, instead of in a mostly empty wide block.
+    # Rows past the last whole wide block (GLM-5: 72 = 64 + 8) run on the narrow tile (`prefix`,
+    # or `prefix_fp8` for an fp8 cache: narrow_for) in a second launch when there are at most this
+    # many, instead of in a mostly empty wide block.
     wide_tail_max_rows: int = 32
     # Prefetch each split's slot indices into L2 before its loop (PTX prefetch): the gather of
     # every key tile waits on them, so each iteration would otherwise wait for a DRAM trip.
@@ -85,7 +86,7 @@ class VerifyConfig:
         return self.prefix_fp8 if kv_fp8 else self.prefix
 
     def tail_rows(self, rows_per_request: int, *, kv_fp8: bool = False, v_from_k: bool = True) -> int:
-        """Rows of each request that the `prefix` tile takes after the wide tile's whole blocks (0: none)."""
+        """Rows of each request that the narrow tile takes after the wide tile's whole blocks (0: none)."""
         tile = self.prefix_for(rows_per_request, kv_fp8=kv_fp8, v_from_k=v_from_k)
         if tile is not (self.prefix_wide_fp8 if kv_fp8 else self.prefix_wide):
             return 0
