@@ -55,7 +55,7 @@ class VerifyConfig:
     # rows. Used when a request has at least wide_min_rows rows (draft tokens x heads).
     prefix_wide: TileConfig | None = None
     # The same for an fp8 cache (either V layout): the widening of each 8-bit key tile is then
-    # paid once for 64 rows instead of once for every 16.
+    # paid once for 64 rows (32 on sm_120) instead of once for every 16.
     prefix_wide_fp8: TileConfig | None = None
     wide_min_rows: int = 64
     # Rows past the last whole wide block (GLM-5: 72 = 64 + 8) run on the narrow tile (`prefix`,
@@ -99,12 +99,15 @@ class VerifyConfig:
 # tile double-buffers the gathered key tile (93 KB). fp8 tiles are widened in registers and
 # need 8 warps to stay spill-free; they score keys-major with the values gathered apart (89 KB;
 # on the H200 at one program an SM, as a stand-in: 185k n1 136.7 -> 125.2 µs, n9 619 -> 570,
-# sweep log "session 5"). A separate V tile needs 16-key tiles to fit. A merge program reads up
+# sweep log "session 5"). fp8 requests of 64+ rows take 32-row x 16-key tiles (73 KB) with the
+# row tail on the 16-row one (same stand-in: 185k H8 n9 573.5 -> 455.3 µs, 64k H16 n9 371.6 ->
+# 278.8; session 6). A separate V tile needs 16-key tiles to fit. A merge program reads up
 # to 32 x 128 partial values a step (launcher.merge_tile).
 PORTABLE = VerifyConfig(
     prefix=TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=1),
     prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=8, num_stages=3, ctas_per_sm=1, keys_major=True),
     prefix_split_v=TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=2, ctas_per_sm=1),
+    prefix_wide_fp8=TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=3, ctas_per_sm=1, keys_major=True),
     tree=TileConfig(block_m=32, block_n=32, num_warps=8, num_stages=1),
     merge_block_d=32,
     merge_block_s=128,

@@ -176,15 +176,17 @@ def test_architecture_configs_match_reference(config_name):
     assert_close(_run_planned(plan, case), case.reference()[0], case)
 
 
+@pytest.mark.parametrize("config_name", ["hopper", "portable"])
 @pytest.mark.parametrize("separate_v", [False, True])
-def test_keys_major_fp8_tile_matches_reference(separate_v):
-    """Hopper's fp8 tiles score keys x rows and gather the values apart from the keys
+def test_keys_major_fp8_tile_matches_reference(separate_v, config_name):
+    """The fp8 tiles score keys x rows and gather the values apart from the keys
     (TileConfig.keys_major): a different softmax axis and value path, checked on every machine.
-    72 rows a request: the 64-row fp8 tile and an 8-row tail on the 16-row one. Uneven chunks
-    (1301 keys, 64-key minimum) put masked keys in the last tile of a split."""
+    72 rows a request: the wide fp8 tile (64 rows on Hopper, 32 on sm_120) and an 8-row tail on
+    the 16-row one. Uneven chunks (1301 keys, 64-key minimum) put masked keys in the last tile
+    of a split."""
     from ddtree_kernels.configs import SHIPPED
 
-    config = dataclasses.replace(SHIPPED["hopper"], min_chunk=64)
+    config = dataclasses.replace(SHIPPED[config_name], min_chunk=64)
     assert config.prefix_fp8.keys_major
     case = make_case([0, 700, 1301], [9, 1, 5], 8, DEVICE, kv_dtype=FP8, separate_v=separate_v)
     kv_fp8, v_from_k = cache_layout(case.k_cache, case.v_cache)
