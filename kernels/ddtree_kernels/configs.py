@@ -72,14 +72,18 @@ class VerifyConfig:
 
     def prefix_for(self, rows_per_request: int, *, kv_fp8: bool = False, v_from_k: bool = True) -> TileConfig:
         """The prefix tile for requests of up to this many rows each, on this cache layout."""
-        if kv_fp8:
-            wide = self.prefix_wide_fp8
-            return wide if wide is not None and rows_per_request >= self.wide_min_rows else self.prefix_fp8
-        if not v_from_k:
+        wide = self.wide_for(kv_fp8=kv_fp8, v_from_k=v_from_k)
+        if wide is not None and rows_per_request >= self.wide_min_rows:
+            return wide
+        if not kv_fp8 and not v_from_k:
             return self.prefix_split_v
-        if self.prefix_wide is not None and rows_per_request >= self.wide_min_rows:
-            return self.prefix_wide
-        return self.prefix
+        return self.narrow_for(kv_fp8=kv_fp8)
+
+    def wide_for(self, *, kv_fp8: bool = False, v_from_k: bool = True) -> TileConfig | None:
+        """The wide tile of this cache layout, if it has one (bf16 only with V read from K)."""
+        if kv_fp8:
+            return self.prefix_wide_fp8
+        return self.prefix_wide if v_from_k else None
 
     def narrow_for(self, *, kv_fp8: bool = False) -> TileConfig:
         """The tile that takes the row tail past a wide tile's whole blocks."""
@@ -88,7 +92,7 @@ class VerifyConfig:
     def tail_rows(self, rows_per_request: int, *, kv_fp8: bool = False, v_from_k: bool = True) -> int:
         """Rows of each request that the narrow tile takes after the wide tile's whole blocks (0: none)."""
         tile = self.prefix_for(rows_per_request, kv_fp8=kv_fp8, v_from_k=v_from_k)
-        if tile is not (self.prefix_wide_fp8 if kv_fp8 else self.prefix_wide):
+        if tile is not self.wide_for(kv_fp8=kv_fp8, v_from_k=v_from_k):
             return 0
         tail = rows_per_request % tile.block_m
         return tail if tail <= self.wide_tail_max_rows else 0
