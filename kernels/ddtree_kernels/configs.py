@@ -34,6 +34,10 @@ class TileConfig:
     # the values apart from the keys. For fp8 this keeps both gathers asynchronous (one 8-bit tile
     # feeding two differently laid out operands is loaded synchronously by Triton's pipeliner).
     keys_major: bool = False
+    # The wide Hopper tile written in Gluon (prefix_hopper.py) instead of prefix.py's: taken where the
+    # installed Triton builds it and the cache is bf16/fp16 with V read from K, D_V 512, D_R 64; the
+    # launcher runs prefix.py's kernel with the same tile everywhere else.
+    gluon: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,9 @@ class VerifyConfig:
     # or `prefix_fp8` for an fp8 cache: narrow_for) in a second launch when there are at most this
     # many, instead of in a mostly empty wide block.
     wide_tail_max_rows: int = 32
+    # A wide tile run by the Gluon kernel (TileConfig.gluon) takes a row tail of up to this many rows
+    # itself, in its last row block: the tail's queries and P fit the shared memory it has left.
+    gluon_tail_max_rows: int = 8
     # Prefetch each split's slot indices into L2 before its loop (PTX prefetch): the gather of
     # every key tile waits on them, so each iteration would otherwise wait for a DRAM trip.
     prefetch_slots: bool = True
@@ -132,11 +139,14 @@ PORTABLE = VerifyConfig(
 # Session 6: fp8 requests of 64+ rows take a 64-row x 32-key keys-major tile (one an SM, spill-free),
 # with the row tail on the 16-row fp8 tile, so each 8-bit key tile is widened once for 64 rows:
 # 185k H8 n9 401 -> 265 µs, 64k H16 n9 260 -> 165 (64 x 64 keys-major: 452 / 277; sweep log).
+# Session 7: the bf16 wide tile runs prefix_hopper.py's Gluon kernel (Triton 3.6+; prefix.py's with the
+# same tile elsewhere): 185k H64 n1 142.4 -> 97.3 µs, 185k H16 n33 914 -> 726; GLM-5's 8-row tail rides
+# in the wide block (gluon_tail_max_rows) instead of a second launch: 185k H8 n9 171 -> 158 µs (sweep log).
 HOPPER = dataclasses.replace(
     PORTABLE,
     prefix=dataclasses.replace(PORTABLE.prefix, ctas_per_sm=2),
     prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=2, keys_major=True),
-    prefix_wide=TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1),
+    prefix_wide=TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1, gluon=True),
     prefix_wide_fp8=TileConfig(block_m=64, block_n=32, num_warps=8, num_stages=2, ctas_per_sm=1, keys_major=True),
 )
 

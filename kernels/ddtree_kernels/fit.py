@@ -24,6 +24,7 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
+from . import prefix_hopper
 from .configs import SHARED_MEMORY_LIMIT, SHARED_MEMORY_PER_SM, SHIPPED, VerifyConfig, capabilities_choosing
 from .launcher import merge_tile
 
@@ -42,6 +43,14 @@ _TREE_SIG = dict(
     mask_row_stride="i32", stride_qt="i32", stride_qh="i32", stride_kt="i32", stride_vt="i32",
     stride_or="i32", stride_op="i32", stride_lr="i32",
 )
+# prefix_hopper's Gluon kernel (values read from the key rows: no V buffer, no scales).
+_GLUON_SIG = dict(
+    Q="*bf16", K_buf="*bf16", kv_indices="*i64", qo_indptr="*i32", kv_indptr="*i32", O_part="*fp32",
+    LSE_part="*fp32", qk_scale_log2="fp32", min_chunk="i32", row_base="i32", stride_qt="i32", stride_qh="i32",
+    stride_ks="i32", stride_or="i32", stride_op="i32", stride_lr="i32",
+)
+# Gluon kernels are architecture-specific: prefix_hopper's is compiled for sm_90 only.
+_GLUON_TARGETS = {"prefix_gluon": (9, 0)}
 _MERGE_SIG = dict(
     O_part="*fp32", LSE_part="*fp32", Out="*bf16", LSE_out="*fp32", qo_indptr="*i32", batch="i32",
     num_parts="i32", stride_or="i32", stride_op="i32", stride_lr="i32", stride_ot="i32",
@@ -123,6 +132,14 @@ def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int, 
         role = ",wide" if any(pc is w for w in (conf.prefix_wide, conf.prefix_wide_fp8)) else ""
         out.append(("prefix", f"kv={kv},v_from_k={v_from_k}{role}", sig, const, pc.num_warps, pc.num_stages,
                     pc.ctas_per_sm))
+    wide = conf.prefix_wide
+    if wide is not None and wide.gluon and not prefix_hopper.unavailable_reason():
+        # Without and with the row tail in the last block (the launcher's fused_tail_rows).
+        for tail in sorted({0, 8 * -(-conf.gluon_tail_max_rows // 8)}):
+            const = dict(H=8, D_V=512, D_R=64, BLOCK_M=wide.block_m, BLOCK_N=wide.block_n,
+                         NUM_STAGES=wide.num_stages, TAIL_N=tail, USE_PDL=True, num_warps=wide.num_warps)
+            out.append(("prefix_gluon", f"kv=bf16,v_from_k=True,wide,tail={tail}", dict(_GLUON_SIG), const,
+                        wide.num_warps, 1, wide.ctas_per_sm))
     for mode, name in ((1, "sglang_flat"), (0, "chain"), (2, "compact")):
         const = dict(dims, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, MASK_MODE=mode, DOT_FP32=False, USE_PDL=True)
         out.append(("tree", f"mask={name}", dict(_TREE_SIG), const, tc.num_warps, tc.num_stages, 0))
@@ -139,6 +156,8 @@ def _kernel(name: str):
     from .prefix import prefix_split_kernel
     from .tree import tree_block_kernel
 
+    if name == "prefix_gluon":
+        return prefix_hopper.prefix_wide_hopper_kernel
     return {"prefix": prefix_split_kernel, "tree": tree_block_kernel, "merge": merge_parts_kernel}[name]
 
 
@@ -167,6 +186,8 @@ def compile_variant(job: tuple) -> FitResult:
     target_name = f"sm_{cap[0]}{cap[1]}"
     full_sig = {name: sig.get(name, "constexpr") for name in fn.arg_names}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in sig if a in _ALIGNED}
+    if kernel in _GLUON_TARGETS:
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     try:
         compiled = triton.compile(
             ASTSource(fn, full_sig, const, attrs),
@@ -193,6 +214,8 @@ def check_all(workers: int = 2) -> list[FitResult]:
         chosen_on = capabilities_choosing(conf)
         for cap in TARGETS:
             for kernel, variant, sig, const, warps, stages, ctas in _variants(conf):
+                if _GLUON_TARGETS.get(kernel, cap) != cap:
+                    continue
                 jobs.append((name, cap, kernel, variant, sig, const, warps, stages, ctas, cap in chosen_on))
     with ProcessPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(compile_variant, jobs))

@@ -18,6 +18,7 @@ from functools import cache, cached_property, lru_cache
 import torch
 import triton
 
+from . import prefix_hopper
 from .configs import TileConfig, VerifyConfig, config_for
 from .merge import merge_parts_kernel
 from .prefix import prefix_split_kernel
@@ -52,6 +53,7 @@ class VerifyPlan:
     kv_fp8: bool = False  # the cache is float8_e4m3fn (the fp8 prefix tile)
     v_from_k: bool = True  # values are the first d_v columns of the key rows (SGLang's MLA pool)
     pdl: bool = False  # programmatic dependent launch of every kernel after the first (uses_pdl)
+    gluon: bool = False  # tiles marked `gluon` run prefix_hopper's kernel (gluon_supports)
 
     # Launch geometry is derived once per plan (plans are cached, frozen and replayed): on the
     # host, every verify call of an eager run pays for whatever run_verify recomputes.
@@ -74,7 +76,13 @@ class VerifyPlan:
     @cached_property
     def _prefix_launches(self) -> tuple[tuple[TileConfig, int, int], ...]:
         return prefix_launches(self.config, self.max_draft_tokens * self.num_heads, kv_fp8=self.kv_fp8,
-                               v_from_k=self.v_from_k)
+                               v_from_k=self.v_from_k, gluon=self.gluon)
+
+    @cached_property
+    def fused_tail_rows(self) -> int:
+        """Rows past the last whole wide block that prefix_hopper's kernel takes in that block (0: none)."""
+        return fused_tail_rows(self.config, self.max_draft_tokens * self.num_heads, kv_fp8=self.kv_fp8,
+                               v_from_k=self.v_from_k, gluon=self.gluon)
 
     @cached_property
     def head_blocks(self) -> tuple[int, int]:
@@ -106,16 +114,38 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def prefix_launches(config: VerifyConfig, rows: int, *, kv_fp8: bool,
-                    v_from_k: bool) -> tuple[tuple[TileConfig, int, int], ...]:
-    """(tile, first row, row blocks) of each prefix launch for requests of `rows` rows: the main
-    tile, then the row tail on the narrow tile (configs.wide_tail_max_rows)."""
+def fused_tail_rows(config: VerifyConfig, rows: int, *, kv_fp8: bool, v_from_k: bool, gluon: bool) -> int:
+    """Row tail that the Gluon wide kernel takes in its last block, on the key tiles it gathers anyway
+    (configs.gluon_tail_max_rows), instead of a second launch reading the whole prefix again."""
     main = config.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=v_from_k)
     tail = config.tail_rows(rows, kv_fp8=kv_fp8, v_from_k=v_from_k)
+    # With more row blocks the tail would load one of them only, and a second launch costs less.
+    one_block = rows - tail == main.block_m
+    fits = main.block_n == 64 and tail <= config.gluon_tail_max_rows  # prefix_hopper's static asserts
+    return tail if gluon and main.gluon and one_block and fits else 0
+
+
+def prefix_launches(config: VerifyConfig, rows: int, *, kv_fp8: bool, v_from_k: bool,
+                    gluon: bool = False) -> tuple[tuple[TileConfig, int, int], ...]:
+    """(tile, first row, row blocks) of each prefix launch for requests of `rows` rows: the main
+    tile, then the row tail on the narrow tile (configs.wide_tail_max_rows) unless the main tile's
+    Gluon kernel takes it (`fused_tail_rows`)."""
+    main = config.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=v_from_k)
+    tail = config.tail_rows(rows, kv_fp8=kv_fp8, v_from_k=v_from_k)
+    if fused_tail_rows(config, rows, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon):
+        return ((main, 0, (rows - tail) // main.block_m),)
     if not tail:
         return ((main, 0, _cdiv(rows, main.block_m)),)
     narrow = config.narrow_for(kv_fp8=kv_fp8)
     return ((main, 0, (rows - tail) // main.block_m), (narrow, rows - tail, _cdiv(tail, narrow.block_m)))
+
+
+def gluon_supports(capability: tuple[int, int] | None, *, kv_fp8: bool, v_from_k: bool, d_v: int,
+                   d_rope: int) -> bool:
+    """prefix_hopper's kernel serves this call: a Hopper GPU (wgmma), a Triton that builds it, a
+    bf16/fp16 cache with V read from K, D_V 512 and D_R 64, compiled (not interpreted)."""
+    return (capability is not None and capability[0] == 9 and not interpreting()
+            and not prefix_hopper.unavailable_reason() and not kv_fp8 and v_from_k and d_v == 512 and d_rope == 64)
 
 
 def split_count(programs_per_split: int, slots: int, max_splits: int, slack: float = 0.03) -> int:
@@ -166,17 +196,19 @@ def plan_verify(
         )
     capability, sm_count = _device_facts(torch.device(device))
     config = config or config_for(capability)
+    gluon = gluon_supports(capability, kv_fp8=kv_fp8, v_from_k=v_from_k, d_v=d_v, d_rope=d_rope)
     if num_splits is None:
         # A row-tail launch runs beside the main one (it launches as soon as every main program
         # has started), on the SMs the main programs leave free. Count each program as its share
         # of an SM, so all launches fit one wave together: GLM-5's 72 rows at 88 splits put 88
         # wide programs and 88 two-an-SM tail programs on 132 SMs.
-        launches = prefix_launches(config, max_draft_tokens * num_heads, kv_fp8=kv_fp8, v_from_k=v_from_k)
+        launches = prefix_launches(config, max_draft_tokens * num_heads, kv_fp8=kv_fp8, v_from_k=v_from_k,
+                                   gluon=gluon)
         shares = math.prod(tile.ctas_per_sm for tile, _, _ in launches)
         per_split = sum(blocks * shares // tile.ctas_per_sm for tile, _, blocks in launches) * batch_size
         num_splits = split_count(per_split, sm_count * shares, config.max_splits)
     return VerifyPlan(batch_size, num_heads, max_draft_tokens, total_tokens, d_v, d_rope, num_splits, config,
-                      kv_fp8, v_from_k, uses_pdl(config, torch.device(device)))
+                      kv_fp8, v_from_k, uses_pdl(config, torch.device(device)), gluon)
 
 
 class Workspace:
@@ -329,6 +361,15 @@ def run_verify(
 
     # The row tail (if any) runs beside the main launch: plan_verify sizes both grids to one wave.
     for pc, row_base, row_blocks in plan.prefix_launches():
+        if pc.gluon and plan.gluon:
+            prefix_hopper.prefix_wide_hopper_kernel[(row_blocks, plan.num_splits, plan.batch_size)](
+                q, k_buf, kv_indices, qo_indptr, kv_indptr, o_part, lse_part,
+                qk_scale_log2, conf.min_chunk, row_base,
+                q.stride(0), q.stride(1), k_buf.stride(0), *part_strides,
+                H=H, D_V=d_v, D_R=d_r, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n, NUM_STAGES=pc.num_stages,
+                TAIL_N=8 * _cdiv(plan.fused_tail_rows, 8), USE_PDL=pdl, num_warps=pc.num_warps, launch_pdl=pdl,
+            )
+            continue
         prefix_split_kernel[(row_blocks, plan.num_splits, plan.batch_size)](
             q, k_buf, v_buf, kv_indices, qo_indptr, kv_indptr,
             o_part, lse_part,

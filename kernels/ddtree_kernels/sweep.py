@@ -30,14 +30,16 @@ from .launcher import Workspace, plan_verify
 def time_config(case: Case, tile: TileConfig, device: str = "cuda", min_chunk: int | None = None,
                 merge: tuple[int, int] | None = None, prefetch_slots: bool = True,
                 pdl: bool = True, wide: TileConfig | None = None, tail_max: int = 0,
-                splits: int | None = None) -> tuple[float, int]:
+                splits: int | None = None, gluon_tail: int | None = None) -> tuple[float, int]:
     """Median µs of one verify call in a replayed CUDA graph (pools rotated), and the split count.
     `tile` serves every request unless `wide` is given: then `wide` takes requests of at least its
-    row count, and a row tail of up to `tail_max` rows goes to `tile` in a second launch."""
+    row count, and a row tail of up to `tail_max` rows goes to `tile` in a second launch (or, up to
+    `gluon_tail` rows, PORTABLE's by default, into a Gluon wide tile's last block)."""
     cfg = dataclasses.replace(PORTABLE, prefix=tile, prefix_fp8=tile, prefix_wide=wide,
                               prefix_wide_fp8=wide if case.fp8 else None,
                               wide_min_rows=wide.block_m if wide else 0, wide_tail_max_rows=tail_max,
-                              min_chunk=min_chunk or PORTABLE.min_chunk, prefetch_slots=prefetch_slots, pdl=pdl)
+                              min_chunk=min_chunk or PORTABLE.min_chunk, prefetch_slots=prefetch_slots, pdl=pdl,
+                              gluon_tail_max_rows=PORTABLE.gluon_tail_max_rows if gluon_tail is None else gluon_tail)
     if merge:
         cfg = dataclasses.replace(cfg, merge_block_d=merge[0], merge_block_s=merge[1])
     p = Problem(case, device)
@@ -55,7 +57,7 @@ def _tile(text: str) -> TileConfig:
 
 def _label(tile: TileConfig) -> str:
     return (f"{tile.block_m}x{tile.block_n}x{tile.num_warps}x{tile.num_stages}x{tile.ctas_per_sm}"
-            f"{' keys-major' if tile.keys_major else ''}")
+            f"{' keys-major' if tile.keys_major else ''}{' gluon' if tile.gluon else ''}")
 
 
 def _merge(text: str) -> tuple[int, int]:
@@ -75,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tail-max", type=int, action="append",
                     help="with --wide: row tails up to this many go to --tile in a second launch (repeat)")
     ap.add_argument("--splits", type=int, action="append", help="prefix splits instead of the planner's (repeat)")
+    ap.add_argument("--gluon-tail", type=int, action="append",
+                    help="with a Gluon --wide tile: row tails up to this many run in its last block (repeat; 0: never)")
     ap.add_argument("--no-pdl", action="store_true", help="also time without programmatic dependent launch")
     ap.add_argument("--merge", type=_merge, action="append", help="merge program: DxS columns x parts (repeat)")
     args = ap.parse_args(argv)
@@ -83,19 +87,20 @@ def main(argv: list[str] | None = None) -> int:
     for spec in args.case:
         case = Case(*(int(x) for x in spec.split(",")), fp8=args.fp8)
         floor = max(case.kv_bytes() / copy / 1e3, case.flops() / mm / 1e6)
-        runs = [(t, c, m, pf, pdl, tail, splits) for t in args.tile for c in (args.min_chunk or [None])
+        runs = [(t, c, m, pf, pdl, tail, splits, gt) for t in args.tile for c in (args.min_chunk or [None])
                 for m in (args.merge or [None]) for pf in ((True, False) if args.no_prefetch else (True,))
                 for pdl in ((True, False) if args.no_pdl else (True,)) for tail in (args.tail_max or [0])
-                for splits in (args.splits or [None])]
-        for tile, chunk, merge, prefetch, pdl, tail, splits in runs:
+                for splits in (args.splits or [None]) for gt in (args.gluon_tail or [None])]
+        for tile, chunk, merge, prefetch, pdl, tail, splits, gluon_tail in runs:
             try:
                 us, splits = time_config(case, tile, min_chunk=chunk, merge=merge, prefetch_slots=prefetch, pdl=pdl,
-                                         wide=args.wide, tail_max=tail, splits=splits)
+                                         wide=args.wide, tail_max=tail, splits=splits, gluon_tail=gluon_tail)
                 merge = merge or (PORTABLE.merge_block_d, PORTABLE.merge_block_s)
                 print(f"{case.label:26} {_label(tile):<13} chunk {chunk or PORTABLE.min_chunk:<5} "
                       f"merge {merge[0]}x{merge[1]:<4}"
                       f"{'' if prefetch else ' no-prefetch'}{'' if pdl else ' no-pdl'}"
                       f"{f' wide {_label(args.wide)} tail<={tail}' if args.wide else ''}"
+                      f"{f' fused<={gluon_tail}' if gluon_tail is not None else ''}"
                       f"{us:9.1f} µs  {case.kv_bytes() / us / 1e3:6.0f} GB/s  {floor / us:5.1%} of floor  "
                       f"splits {splits}", flush=True)
             except Exception as exc:  # a tile that does not compile or fit is a result, not a crash

@@ -47,6 +47,7 @@ def make_case(
     d_v: int = 512,
     d_rope: int = 64,
     kv_dtype: torch.dtype = torch.bfloat16,
+    q_dtype: torch.dtype = torch.bfloat16,  # queries and draft rows (SGLang: the model's dtype)
     tree: str = "random",  # "random" | "chain" (custom_mask None) | "chain_mask" | "full"
     slots: str = "random",  # "random" | "contiguous"
     separate_v: bool = False,
@@ -71,9 +72,9 @@ def make_case(
     def randn(*shape):
         return torch.randn(*shape, generator=gen)
 
-    q = randn(T, heads, d_qk).to(torch.bfloat16)
-    k_draft = randn(T, 1, d_qk).to(torch.bfloat16)
-    v_draft = randn(T, 1, d_v).to(torch.bfloat16)
+    q = randn(T, heads, d_qk).to(q_dtype)
+    k_draft = randn(T, 1, d_qk).to(q_dtype)
+    v_draft = randn(T, 1, d_v).to(q_dtype)
     k_scale = v_scale = 1.0
     cache = randn(pool, 1, d_qk)
     if kv_dtype == torch.float8_e4m3fn:

@@ -34,6 +34,20 @@ def test_every_config_and_variant_was_compiled_for_both_targets(fit_report):
     assert not [r for r in fit_report if r["error"]], [r for r in fit_report if r["error"]]
 
 
+def test_hopper_gluon_wide_tile_is_compiled_where_triton_builds_it(fit_report):
+    """The launcher runs prefix_hopper's kernel for HOPPER's wide tile wherever this Triton builds Gluon
+    (3.6+): both its forms (with and without the fused row tail) must compile and fit sm_90."""
+    from ddtree_kernels import prefix_hopper
+
+    gluon = [r for r in fit_report if r["kernel"] == "prefix_gluon"]
+    if prefix_hopper.unavailable_reason():
+        assert not gluon
+        return
+    assert sorted(r["variant"] for r in gluon) == ["kv=bf16,v_from_k=True,wide,tail=0",
+                                                   "kv=bf16,v_from_k=True,wide,tail=8"]
+    assert all(r["config"] == "hopper" and r["target"] == "sm_90" and r["fits"] for r in gluon), gluon
+
+
 def test_dependent_launch_chain_is_compiled_in(fit_report):
     """With programmatic dependent launch the merge must not read partials before every tree and
     prefix program is done. The tree kernel runs first and lets the prefix launch early without
@@ -41,7 +55,7 @@ def test_dependent_launch_chain_is_compiled_in(fit_report):
     grid before it; the merge waits before reading."""
     for r in fit_report:
         where = f"{r['config']} {r['target']} {r['kernel']} {r['variant']}"
-        if r["kernel"] == "prefix":
+        if r["kernel"].startswith("prefix"):
             assert r["launch_dependents"] >= 1 and r["grid_waits"] >= 1, where
         elif r["kernel"] == "tree":
             assert r["launch_dependents"] >= 1 and r["grid_waits"] == 0, where
@@ -65,7 +79,7 @@ def test_every_config_a_target_can_choose_fits_it(fit_report):
 def test_prefix_tiles_declare_the_occupancy_they_compile_to(fit_report):
     """The planner sizes the grid in waves of `ctas_per_sm` programs an SM; a wrong figure
     leaves a tail wave (one program past a full wave doubles the call) or an idle half-GPU."""
-    prefix = [r for r in fit_report if r["kernel"] == "prefix" and r["must_fit"]]
+    prefix = [r for r in fit_report if r["kernel"].startswith("prefix") and r["must_fit"]]
     assert prefix
     for r in prefix:
         assert r["declared_ctas_per_sm"] == r["resident_ctas"], (

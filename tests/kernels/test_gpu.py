@@ -31,13 +31,17 @@ LARGE = [
     ([32_768] * 8, [9] * 8, 16, {"slots": "contiguous"}),
     ([40_000, 0, 7, 100_003], [9, 9, 1, 17], 64, {}),  # data-parallel attention: all 64 heads
     ([185_000], [1], 8, {"kv_dtype": FP8}),  # plain decode through the same kernels
+    # Hopper's Gluon wide tile with the 8-row tail in its last block, beside requests with fewer rows,
+    # a short prefix, an empty one (every split empty) and one shorter than a key tile
+    ([100_003, 50, 0, 3_001, 200_000], [9, 9, 9, 1, 5], 8, {}),
+    ([65_536, 65_536], [9, 9], 8, {"kv_dtype": torch.float16, "q_dtype": torch.float16}),
 ]
 
 
 @pytest.mark.parametrize("prefix,draft,heads,opts", LARGE, ids=lambda x: str(x)[:40])
 def test_large_cases_match_reference(prefix, draft, heads, opts):
     case = make_case(prefix, draft, heads, "cuda", **opts)
-    out = torch.full((case.q.shape[0], heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = torch.full((case.q.shape[0], heads, 512), float("nan"), dtype=case.q.dtype, device="cuda")
     assert dk.sglang_verify_fwd(
         case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr,
         case.kv_indices, case.custom_mask, True, case.mask_indptr, case.max_draft,

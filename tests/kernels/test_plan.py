@@ -91,6 +91,44 @@ def test_row_tail_goes_to_the_narrow_tile(heads, tokens, launches, kv_fp8):
     assert covered >= heads * tokens  # every row is owned by some program
 
 
+@pytest.mark.parametrize("heads,tokens,kv_fp8,fused", [
+    (8, 9, False, 8),    # GLM-5: one wide block, its 8-row tail in the same program
+    (8, 8, False, 0),    # 64 rows: no tail
+    (16, 9, False, 0),   # a 16-row tail: more than the Gluon tile's shared memory takes
+    (8, 33, False, 0),   # four wide blocks: the tail stays a second launch
+    (8, 1, False, 0),    # decode: no wide tile
+    (8, 9, True, 0),     # fp8: the Gluon tile is bf16/fp16 only
+])
+def test_gluon_wide_tile_takes_a_short_tail_of_a_single_block(heads, tokens, kv_fp8, fused):
+    """Where prefix_hopper's kernel runs (plan.gluon), GLM-5's 8 tail rows ride in the wide block,
+    on the key tiles it gathers anyway, instead of a second launch that reads the prefix again."""
+    from ddtree_kernels.configs import HOPPER
+    from ddtree_kernels.launcher import fused_tail_rows, prefix_launches
+
+    rows = heads * tokens
+    assert fused_tail_rows(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=True) == fused
+    assert fused_tail_rows(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=False) == 0
+    launches = prefix_launches(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=True)
+    if fused:
+        assert launches == ((HOPPER.prefix_wide, 0, 1),)
+    else:
+        assert launches == prefix_launches(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=False)
+
+
+def test_gluon_kernel_only_for_hopper_and_its_cache_layout():
+    from ddtree_kernels import prefix_hopper
+    from ddtree_kernels.launcher import gluon_supports, interpreting
+
+    glm5 = dict(kv_fp8=False, v_from_k=True, d_v=512, d_rope=64)
+    assert not gluon_supports(None, **glm5)  # no GPU
+    assert not gluon_supports((12, 0), **glm5)  # sm_120: no wgmma
+    assert not gluon_supports((9, 0), **(glm5 | {"kv_fp8": True}))
+    assert not gluon_supports((9, 0), **(glm5 | {"v_from_k": False}))
+    assert not gluon_supports((9, 0), **(glm5 | {"d_rope": 32}))
+    # under TRITON_INTERPRET (the CPU suite) nothing compiles, so it is never chosen there either
+    assert gluon_supports((9, 0), **glm5) == (not interpreting() and not prefix_hopper.unavailable_reason())
+
+
 @pytest.mark.parametrize("parts", [2, 17, 65, 129, 258, 513, 2000])
 def test_merge_tile_covers_the_parts_within_its_register_budget(parts):
     """One step over every part where the budget allows; never more values than the budget."""

@@ -1,0 +1,316 @@
+"""The wide prefix tile for Hopper, written in Gluon: 64 rows, wgmma, explicit gather pipeline.
+
+`prefix.py`'s tile, written with `tl.dot`, leaves the GLM-5 shape at ~30% of its floor on
+the H200: Triton splits the 64 x BLOCK_N scores across the two warpgroups, so every key
+tile's softmax is exchanged between them through shared memory and barriers, and each
+wgmma descriptor is rebuilt in the loop (sweep log, session 6: 1,477 instructions a warp
+a 64-key step, 76 of them wgmma). This kernel does the same work with that structure taken
+out of the compiler's hands:
+
+- Both warpgroups compute the whole score tile (the [8, 1] wgmma layout broadcasts it), so
+  each warp owns whole rows: the softmax needs no exchange, and P feeds the value wgmma
+  from registers. The scores cost twice their tensor time; the values are split, each
+  warpgroup accumulating 256 of the 512 value columns.
+- The key tile is gathered by cp.async into `NUM_STAGES` shared buffers, one tile ahead
+  (its slot indices one more ahead), and read by both wgmmas in place: values are the first
+  512 columns of the key rows.
+- With TAIL_N, the last row block also takes the rows past it (GLM-5: 72 = 64 + 8) on the
+  same key tiles, keys-major so that its few rows are wgmma's N: a second launch for them
+  would read the whole prefix again (launcher.fused_tail_rows).
+
+Same grid, arguments and partial outputs as `prefix_split_kernel` (merge.py combines
+them), for a bf16/fp16 cache whose values are the keys' first D_V columns, D_V = 512 and
+D_R = 64 (GLM-5, DeepSeek). Gluon needs Triton 3.6+ and an sm_90 GPU; the launcher falls
+back to `prefix_split_kernel` everywhere else (`launcher.gluon_supports`).
+"""
+
+from __future__ import annotations
+
+import triton
+
+try:  # Gluon: experimental, its API settled enough for this kernel from Triton 3.6 on
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        async_copy,
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    _GLUON_ERROR = ""
+except ImportError as err:  # pragma: no cover - depends on the installed Triton
+    _GLUON_ERROR = f"triton.experimental.gluon is not usable here ({err})"
+
+MIN_TRITON = (3, 6)
+
+
+def _triton_version() -> tuple[int, int]:
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def unavailable_reason() -> str:
+    """Why this Triton cannot build the kernel ('' when it can)."""
+    if _GLUON_ERROR:
+        return _GLUON_ERROR
+    if _triton_version() < MIN_TRITON:
+        return f"Triton {triton.__version__} < {'.'.join(map(str, MIN_TRITON))} (Gluon's warp/barrier API)"
+    return ""
+
+
+if not _GLUON_ERROR:
+    # Renamed after 3.6: gl.thread_barrier -> gl.barrier, async_copy_global_to_shared -> async_load.
+    _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+    _async_gather = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+
+    @gluon.jit
+    def _grid_dependency(WAIT: gl.constexpr):
+        """griddepcontrol (programmatic dependent launch, sm_90): let the next launch start, or
+        wait for the previous grid. Same PTX as triton.language.extra.cuda's gdc_* helpers."""
+        if WAIT:
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        else:
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+
+    @gluon.jit
+    def _tile_slots(kv_indices, kv_base, start, hi, BLOCK_N: gl.constexpr, NOPE_LAYOUT: gl.constexpr,
+                    ROPE_LAYOUT: gl.constexpr):
+        """Cache slots of keys start .. start + BLOCK_N, in the row layouts of both gathers (0 past hi)."""
+        offs_n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, NOPE_LAYOUT))
+        offs_r = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ROPE_LAYOUT))
+        slot_n = gl.load(kv_indices + kv_base + offs_n, mask=offs_n < hi, other=0).to(gl.int64)
+        slot_r = gl.load(kv_indices + kv_base + offs_r, mask=offs_r < hi, other=0).to(gl.int64)
+        return slot_n, slot_r
+
+    @gluon.jit
+    def _gather_tile(k_dst, r_dst, slot_n, slot_r, K_buf, start, hi, stride_ks,
+                     D_V: gl.constexpr, D_R: gl.constexpr, BLOCK_N: gl.constexpr,
+                     NOPE_LAYOUT: gl.constexpr, ROPE_LAYOUT: gl.constexpr):
+        """cp.async the key rows at `slot_*` (keys start .. start + BLOCK_N; those from hi on read as
+        zeros) into one stage's buffers, as one commit group."""
+        offs_n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, NOPE_LAYOUT))
+        cols = gl.arange(0, D_V, layout=gl.SliceLayout(0, NOPE_LAYOUT))
+        _async_gather(k_dst, K_buf + slot_n[:, None] * stride_ks + cols[None, :], mask=(offs_n < hi)[:, None])
+        offs_r = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ROPE_LAYOUT))
+        cols_r = D_V + gl.arange(0, D_R, layout=gl.SliceLayout(0, ROPE_LAYOUT))
+        _async_gather(r_dst, K_buf + slot_r[:, None] * stride_ks + cols_r[None, :], mask=(offs_r < hi)[:, None])
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _load_queries(Q, q_start, first_row, n_rows, stride_qt, stride_qh, COL0: gl.constexpr, ROWS: gl.constexpr,
+                      COLS: gl.constexpr, H: gl.constexpr, LAYOUT: gl.constexpr, SMEM: gl.constexpr,
+                      SMEM_DTYPE: gl.constexpr):
+        """Query rows first_row .. first_row + ROWS (zeros from n_rows on), columns COL0 .. COL0 + COLS,
+        into shared memory in the cache's dtype (a wgmma operand for the whole loop)."""
+        offs = first_row + gl.arange(0, ROWS, layout=gl.SliceLayout(1, LAYOUT))
+        ptrs = Q + (q_start + offs // H).to(gl.int64)[:, None] * stride_qt + (offs % H)[:, None] * stride_qh
+        cols = COL0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, LAYOUT))
+        q = gl.load(ptrs + cols[None, :], mask=(offs < n_rows)[:, None], other=0.0)
+        return gl.allocate_shared_memory(SMEM_DTYPE, [ROWS, COLS], SMEM, q.to(SMEM_DTYPE))
+
+    @gluon.jit
+    def _store_part(O_part, LSE_part, acc, l_i, m_i, rows, row_ok, split, stride_or, stride_op, stride_lr,
+                    D_V: gl.constexpr, ROW_AXIS: gl.constexpr, LAYOUT: gl.constexpr):
+        """One part's normalised output and base-2 LSE (-inf where nothing was seen); `acc` holds rows
+        along ROW_AXIS (1: the tail's transposed [D_V, rows] accumulator), `l_i`, `m_i`, `rows` and
+        `row_ok` are in SliceLayout(1 - ROW_AXIS, LAYOUT)."""
+        seen = l_i > 0.0
+        l_safe = gl.where(seen, l_i, 1.0)
+        lse = gl.where(seen, m_i + gl.log2(l_safe), float("-inf"))
+        offs_dv = gl.arange(0, D_V, layout=gl.SliceLayout(ROW_AXIS, LAYOUT))
+        row_off = rows.to(gl.int64) * stride_or + split * stride_op
+        if ROW_AXIS == 0:
+            gl.store(O_part + row_off[:, None] + offs_dv[None, :], acc / l_safe[:, None], mask=row_ok[:, None])
+        else:
+            gl.store(O_part + row_off[None, :] + offs_dv[:, None], acc / l_safe[None, :], mask=row_ok[None, :])
+        gl.store(LSE_part + rows.to(gl.int64) * stride_lr + split, lse, mask=row_ok)
+
+    @gluon.jit
+    def _attend_chunk(
+        Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2,
+        q_start, n_rows, kv_base, lo, hi, first_row, split,
+        stride_qt, stride_qh, stride_ks, stride_or, stride_op, stride_lr,
+        H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_N: gl.constexpr,
+    ):
+        """Rows first_row .. first_row + BLOCK_M (and, if TAIL_N, the up to TAIL_N rows after them)
+        against keys lo .. hi: write their parts for this split."""
+        # Scores: [BLOCK_M, BLOCK_N] on warps [8, 1], i.e. both warpgroups hold the whole tile.
+        S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        # Output: [BLOCK_M, D_V] on warps [4, 2]: warpgroup g owns value columns g * D_V / 2 ...
+        O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, D_V // 2, 16])
+        P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+        # Gathers: 16-byte vectors, a row's D_V columns across 16 threads.
+        NOPE_LAYOUT: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
+                                                     warps_per_cta=[8, 1], order=[1, 0])
+        ROPE_LAYOUT: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                                     warps_per_cta=[8, 1], order=[1, 0])
+        # The dots run in the cache's dtype (bf16 or fp16): the queries are converted once.
+        dtype: gl.constexpr = K_buf.dtype.element_ty
+        NOPE_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
+        ROPE_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_R], dtype)
+
+        k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, D_V], NOPE_SMEM)
+        r_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, D_R], ROPE_SMEM)
+        for t in gl.static_range(NUM_STAGES - 1):
+            slot_n, slot_r = _tile_slots(kv_indices, kv_base, lo + t * BLOCK_N, hi, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
+            _gather_tile(k_smem.index(t), r_smem.index(t), slot_n, slot_r, K_buf, lo + t * BLOCK_N, hi,
+                         stride_ks, D_V, D_R, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
+        # The slots of each gather are loaded an iteration before it: the gather's addresses would
+        # otherwise wait for a dependent global load every iteration.
+        slot_n, slot_r = _tile_slots(kv_indices, kv_base, lo + (NUM_STAGES - 1) * BLOCK_N, hi, BLOCK_N,
+                                     NOPE_LAYOUT, ROPE_LAYOUT)
+
+        qn_smem = _load_queries(Q, q_start, first_row, n_rows, stride_qt, stride_qh, 0, BLOCK_M, D_V, H, NOPE_LAYOUT,
+                                gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_V], dtype), dtype)
+        qr_smem = _load_queries(Q, q_start, first_row, n_rows, stride_qt, stride_qh, D_V, BLOCK_M, D_R, H, ROPE_LAYOUT,
+                                gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_R], dtype), dtype)
+        acc = gl.zeros([BLOCK_M, D_V], gl.float32, O_LAYOUT)
+        l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, S_LAYOUT))
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, S_LAYOUT))
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT)
+        offs_sn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+
+        if TAIL_N > 0:
+            # The row tail, keys-major so that its few rows are wgmma's N: scores [BLOCK_N, TAIL_N]
+            # (repeated by both warpgroups) and output [D_V, TAIL_N] (each warpgroup half the columns),
+            # on the same key tiles. P goes through shared memory: wgmma's B operand.
+            ST_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                                instr_shape=[16, TAIL_N, 16])
+            PT_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TAIL_N, BLOCK_N], dtype)
+            tn_smem = _load_queries(Q, q_start, first_row + BLOCK_M, n_rows, stride_qt, stride_qh, 0, TAIL_N, D_V, H,
+                                    NOPE_LAYOUT, gl.NVMMASharedLayout.get_default_for([TAIL_N, D_V], dtype), dtype)
+            tr_smem = _load_queries(Q, q_start, first_row + BLOCK_M, n_rows, stride_qt, stride_qh, D_V, TAIL_N, D_R, H,
+                                    ROPE_LAYOUT, gl.NVMMASharedLayout.get_default_for([TAIL_N, D_R], dtype), dtype)
+            pt_smem = gl.allocate_shared_memory(dtype, [TAIL_N, BLOCK_N], PT_SMEM)
+            acc_t = gl.zeros([D_V, TAIL_N], gl.float32, ST_LAYOUT)
+            l_t = gl.zeros([TAIL_N], gl.float32, gl.SliceLayout(0, ST_LAYOUT))
+            m_t = gl.full([TAIL_N], float("-inf"), gl.float32, gl.SliceLayout(0, ST_LAYOUT))
+            st_zero = gl.zeros([BLOCK_N, TAIL_N], gl.float32, ST_LAYOUT)
+            offs_tn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ST_LAYOUT))
+
+        n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+        for i in range(n_tiles):
+            stage = i % NUM_STAGES
+            # Tile i has landed (this thread's copies), then everyone's: and every warp is past
+            # tile i - 1, whose buffer the next gather overwrites.
+            async_copy.wait_group(NUM_STAGES - 2)
+            _cta_barrier()
+            fence_async_shared()
+            k_tile = k_smem.index(stage)
+            r_tile = r_smem.index(stage)
+            s = warpgroup_mma(qn_smem, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma(qr_smem, r_tile.permute((1, 0)), s, is_async=True)
+            if TAIL_N > 0:
+                st = warpgroup_mma(k_tile, tn_smem.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+                st = warpgroup_mma(r_tile, tr_smem.permute((1, 0)), st, is_async=True)
+            # While the scores run: gather tile i + NUM_STAGES - 1 into the buffer tile i - 1 left
+            # (every warp is past it: the barrier above), and load the slots of the one after.
+            ahead = lo + (i + NUM_STAGES - 1) * BLOCK_N
+            free = (i + NUM_STAGES - 1) % NUM_STAGES
+            _gather_tile(k_smem.index(free), r_smem.index(free), slot_n, slot_r, K_buf, ahead, hi, stride_ks,
+                         D_V, D_R, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
+            slot_n, slot_r = _tile_slots(kv_indices, kv_base, ahead + BLOCK_N, hi, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
+            if TAIL_N > 0:
+                s, st = warpgroup_mma_wait(num_outstanding=0, deps=(s, st))
+                st = gl.where((lo + i * BLOCK_N + offs_tn < hi)[:, None], st * qk_scale_log2, float("-inf"))
+                mt_new = gl.maximum(m_t, gl.max(st, 0))
+                mt_safe = gl.where(mt_new == float("-inf"), 0.0, mt_new)
+                alpha_t = gl.exp2(m_t - mt_safe)
+                pt = gl.exp2(st - mt_safe[None, :])
+                l_t = l_t * alpha_t + gl.sum(pt, 0)
+                m_t = mt_new
+                pt_smem.store(gl.permute(pt.to(dtype), [1, 0]))
+            else:
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            s = gl.where((lo + i * BLOCK_N + offs_sn < hi)[None, :], s * qk_scale_log2, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_safe)
+            p = gl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m_new
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), P_LAYOUT), k_tile, acc, is_async=True)
+            if TAIL_N > 0:
+                # Every warp's share of P is in shared memory before wgmma reads it.
+                fence_async_shared()
+                _cta_barrier()
+                acc_t = acc_t * alpha_t[None, :]
+                acc_t = warpgroup_mma(k_tile.permute((1, 0)), pt_smem.permute((1, 0)), acc_t, is_async=True)
+                acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        async_copy.wait_group(0)
+
+        offs_m = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, O_LAYOUT))
+        _store_part(O_part, LSE_part, acc, gl.convert_layout(l_i, gl.SliceLayout(1, O_LAYOUT)),
+                    gl.convert_layout(m_i, gl.SliceLayout(1, O_LAYOUT)), q_start * H + offs_m, offs_m < n_rows,
+                    split, stride_or, stride_op, stride_lr, D_V, 0, O_LAYOUT)
+        if TAIL_N > 0:
+            offs_t = first_row + BLOCK_M + gl.arange(0, TAIL_N, layout=gl.SliceLayout(0, ST_LAYOUT))
+            _store_part(O_part, LSE_part, acc_t, l_t, m_t, q_start * H + offs_t, offs_t < n_rows,
+                        split, stride_or, stride_op, stride_lr, D_V, 1, ST_LAYOUT)
+
+    @gluon.jit
+    def prefix_wide_hopper_kernel(
+        Q, K_buf, kv_indices, qo_indptr, kv_indptr,
+        O_part, LSE_part,
+        qk_scale_log2, min_chunk, row_base,
+        stride_qt, stride_qh, stride_ks,
+        stride_or, stride_op, stride_lr,
+        H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_N: gl.constexpr,
+        USE_PDL: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        gl.static_assert(num_warps == 8, "two warpgroups: one per half of the value columns")
+        gl.static_assert(BLOCK_M == 64, "one wgmma row block, repeated by both warpgroups")
+        gl.static_assert(TAIL_N == 0 or BLOCK_N == 64, "the tail's keys-major wgmma needs 64 keys a tile")
+        if USE_PDL:
+            _grid_dependency(False)
+        row_block = gl.program_id(0)
+        split = gl.program_id(1)
+        req = gl.program_id(2)
+        num_splits = gl.num_programs(1)
+        q_start = gl.load(qo_indptr + req).to(gl.int32)
+        n_rows = (gl.load(qo_indptr + req + 1).to(gl.int32) - q_start) * H
+        kv_start = gl.load(kv_indptr + req).to(gl.int64)
+        prefix_len = (gl.load(kv_indptr + req + 1).to(gl.int64) - kv_start).to(gl.int32)
+        first_row = row_base + row_block * BLOCK_M
+        # Chunk bounds exactly as prefix_split_kernel's: the merge relies on it.
+        chunk = gl.maximum(gl.cdiv(prefix_len, num_splits), min_chunk)
+        chunk = gl.cdiv(chunk, BLOCK_N) * BLOCK_N
+        lo = split * chunk
+        hi = gl.minimum(lo + chunk, prefix_len)
+        # The last row block also takes the rows past it (at most TAIL_N: the launcher plans so).
+        tail = (row_block == gl.num_programs(0) - 1) & (n_rows > first_row + BLOCK_M)
+        if first_row < n_rows:
+            if lo >= hi:
+                # An empty chunk: LSE -inf for this block's rows and the tail's (rows of the next
+                # block, if any, get the same from their own program).
+                LSE_LAYOUT: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+                offs = first_row + gl.arange(0, 2 * BLOCK_M, layout=LSE_LAYOUT)
+                gl.store(LSE_part + (q_start * H + offs).to(gl.int64) * stride_lr + split,
+                         gl.full([2 * BLOCK_M], float("-inf"), gl.float32, LSE_LAYOUT),
+                         mask=(offs < n_rows) & (offs < first_row + BLOCK_M + TAIL_N))
+            else:
+                if TAIL_N > 0:
+                    if tail:
+                        _attend_chunk(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2, q_start, n_rows, kv_start,
+                                      lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or, stride_op,
+                                      stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_N)
+                    else:
+                        _attend_chunk(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2, q_start, n_rows, kv_start,
+                                      lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or, stride_op,
+                                      stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES, 0)
+                else:
+                    _attend_chunk(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2, q_start, n_rows, kv_start,
+                                  lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or, stride_op,
+                                  stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES, 0)
+        if USE_PDL:
+            # As in prefix_split_kernel: complete only after the launch this one depends on.
+            _grid_dependency(True)
