@@ -77,11 +77,12 @@ if not _GLUON_ERROR:
     @gluon.jit
     def _tile_slots(kv_indices, kv_base, start, hi, BLOCK_N: gl.constexpr, NOPE_LAYOUT: gl.constexpr,
                     ROPE_LAYOUT: gl.constexpr):
-        """Cache slots of keys start .. start + BLOCK_N, in the row layouts of both gathers (0 past hi)."""
+        """Cache slots of keys start .. start + BLOCK_N, in the row layouts of both gathers (0 past hi).
+        Held as int32 (a pool has fewer than 2**31 rows) while they wait a loop iteration: registers."""
         offs_n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, NOPE_LAYOUT))
         offs_r = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ROPE_LAYOUT))
-        slot_n = gl.load(kv_indices + kv_base + offs_n, mask=offs_n < hi, other=0).to(gl.int64)
-        slot_r = gl.load(kv_indices + kv_base + offs_r, mask=offs_r < hi, other=0).to(gl.int64)
+        slot_n = gl.load(kv_indices + kv_base + offs_n, mask=offs_n < hi, other=0).to(gl.int32)
+        slot_r = gl.load(kv_indices + kv_base + offs_r, mask=offs_r < hi, other=0).to(gl.int32)
         return slot_n, slot_r
 
     @gluon.jit
@@ -92,10 +93,12 @@ if not _GLUON_ERROR:
         zeros) into one stage's buffers, as one commit group."""
         offs_n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, NOPE_LAYOUT))
         cols = gl.arange(0, D_V, layout=gl.SliceLayout(0, NOPE_LAYOUT))
-        _async_gather(k_dst, K_buf + slot_n[:, None] * stride_ks + cols[None, :], mask=(offs_n < hi)[:, None])
+        _async_gather(k_dst, K_buf + slot_n.to(gl.int64)[:, None] * stride_ks + cols[None, :],
+                      mask=(offs_n < hi)[:, None])
         offs_r = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ROPE_LAYOUT))
         cols_r = D_V + gl.arange(0, D_R, layout=gl.SliceLayout(0, ROPE_LAYOUT))
-        _async_gather(r_dst, K_buf + slot_r[:, None] * stride_ks + cols_r[None, :], mask=(offs_r < hi)[:, None])
+        _async_gather(r_dst, K_buf + slot_r.to(gl.int64)[:, None] * stride_ks + cols_r[None, :],
+                      mask=(offs_r < hi)[:, None])
         async_copy.commit_group()
 
     @gluon.jit
@@ -188,7 +191,7 @@ if not _GLUON_ERROR:
                                     ROPE_LAYOUT, gl.NVMMASharedLayout.get_default_for([TAIL_N, D_R], dtype), dtype)
             pt_smem = gl.allocate_shared_memory(dtype, [TAIL_N, BLOCK_N], PT_SMEM)
             acc_t = gl.zeros([D_V, TAIL_N], gl.float32, ST_LAYOUT)
-            l_t = gl.zeros([TAIL_N], gl.float32, gl.SliceLayout(0, ST_LAYOUT))
+            lt_acc = gl.zeros([BLOCK_N, TAIL_N], gl.float32, ST_LAYOUT)
             m_t = gl.full([TAIL_N], float("-inf"), gl.float32, gl.SliceLayout(0, ST_LAYOUT))
             st_zero = gl.zeros([BLOCK_N, TAIL_N], gl.float32, ST_LAYOUT)
             offs_tn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ST_LAYOUT))
@@ -217,14 +220,6 @@ if not _GLUON_ERROR:
             slot_n, slot_r = _tile_slots(kv_indices, kv_base, ahead + BLOCK_N, hi, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
             if TAIL_N > 0:
                 s, st = warpgroup_mma_wait(num_outstanding=0, deps=(s, st))
-                st = gl.where((lo + i * BLOCK_N + offs_tn < hi)[:, None], st * qk_scale_log2, float("-inf"))
-                mt_new = gl.maximum(m_t, gl.max(st, 0))
-                mt_safe = gl.where(mt_new == float("-inf"), 0.0, mt_new)
-                alpha_t = gl.exp2(m_t - mt_safe)
-                pt = gl.exp2(st - mt_safe[None, :])
-                l_t = l_t * alpha_t + gl.sum(pt, 0)
-                m_t = mt_new
-                pt_smem.store(gl.permute(pt.to(dtype), [1, 0]))
             else:
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             s = gl.where((lo + i * BLOCK_N + offs_sn < hi)[None, :], s * qk_scale_log2, float("-inf"))
@@ -237,6 +232,16 @@ if not _GLUON_ERROR:
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
             acc = warpgroup_mma(gl.convert_layout(p.to(dtype), P_LAYOUT), k_tile, acc, is_async=True)
             if TAIL_N > 0:
+                # The tail's softmax while the tensor cores run the block's values. Its row maxima
+                # span the warps (keys are its rows here); its sums stay per element until the end.
+                st = gl.where((lo + i * BLOCK_N + offs_tn < hi)[:, None], st * qk_scale_log2, float("-inf"))
+                mt_new = gl.maximum(m_t, gl.max(st, 0))
+                mt_safe = gl.where(mt_new == float("-inf"), 0.0, mt_new)
+                alpha_t = gl.exp2(m_t - mt_safe)
+                pt = gl.exp2(st - mt_safe[None, :])
+                lt_acc = lt_acc * alpha_t[None, :] + pt
+                m_t = mt_new
+                pt_smem.store(gl.permute(pt.to(dtype), [1, 0]))
                 # Every warp's share of P is in shared memory before wgmma reads it.
                 fence_async_shared()
                 _cta_barrier()
@@ -253,7 +258,7 @@ if not _GLUON_ERROR:
                     split, stride_or, stride_op, stride_lr, D_V, 0, O_LAYOUT)
         if TAIL_N > 0:
             offs_t = first_row + BLOCK_M + gl.arange(0, TAIL_N, layout=gl.SliceLayout(0, ST_LAYOUT))
-            _store_part(O_part, LSE_part, acc_t, l_t, m_t, q_start * H + offs_t, offs_t < n_rows,
+            _store_part(O_part, LSE_part, acc_t, gl.sum(lt_acc, 0), m_t, q_start * H + offs_t, offs_t < n_rows,
                         split, stride_or, stride_op, stride_lr, D_V, 1, ST_LAYOUT)
 
     @gluon.jit
