@@ -34,9 +34,9 @@ class TileConfig:
     # the values apart from the keys. For fp8 this keeps both gathers asynchronous (one 8-bit tile
     # feeding two differently laid out operands is loaded synchronously by Triton's pipeliner).
     keys_major: bool = False
-    # The wide Hopper tile written in Gluon (prefix_hopper.py) instead of prefix.py's: taken where the
-    # installed Triton builds it and the cache is bf16/fp16 with V read from K, D_V 512, D_R 64; the
-    # launcher runs prefix.py's kernel with the same tile everywhere else.
+    # The wide Hopper tile written in Gluon (prefix_hopper.py) instead of prefix.py's: taken on sm_90
+    # where the installed Triton runs it (prefix_hopper.TESTED_TRITON) and the cache is bf16/fp16 with
+    # V read from K, D_V 512, D_R 64; prefix.py's kernel runs the same tile everywhere else.
     gluon: bool = False
 
 
@@ -139,7 +139,7 @@ PORTABLE = VerifyConfig(
 # Session 6: fp8 requests of 64+ rows take a 64-row x 32-key keys-major tile (one an SM, spill-free),
 # with the row tail on the 16-row fp8 tile, so each 8-bit key tile is widened once for 64 rows:
 # 185k H8 n9 401 -> 265 µs, 64k H16 n9 260 -> 165 (64 x 64 keys-major: 452 / 277; sweep log).
-# Session 7: the bf16 wide tile runs prefix_hopper.py's Gluon kernel (Triton 3.6+; prefix.py's with the
+# Session 7: the bf16 wide tile runs prefix_hopper.py's Gluon kernel (Triton 3.6-3.9; prefix.py's with the
 # same tile elsewhere): 185k H64 n1 142.4 -> 97.3 µs, 185k H16 n33 914 -> 726; GLM-5's 8-row tail rides
 # in the wide block (gluon_tail_max_rows) instead of a second launch: 185k H8 n9 171 -> 158 µs (sweep log).
 HOPPER = dataclasses.replace(

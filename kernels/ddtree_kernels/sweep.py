@@ -3,13 +3,16 @@
     python -m ddtree_kernels.sweep --tile 16x32x4x3 --tile 32x32x4x3 --case 1,185000,8,9 --case 1,185000,8,1
     python -m ddtree_kernels.sweep --tile 16x32x8x3x1 --case 1,185000,8,9 --fp8 --merge 64x32 --merge 32x128
     python -m ddtree_kernels.sweep --tile 16x32x4x3x2 --wide 64x64x8x2x1 --tail-max 32 --case 1,185000,8,9 --splits 86
+    python -m ddtree_kernels.sweep --tile 16x32x4x3x2 --wide 64x64x8x2x1x0x1 --tail-max 32 \
+        --gluon-tail 8 --gluon-tail 0 --case 1,185000,8,9
 
 A tile is BLOCK_M x BLOCK_N x warps x stages [x programs resident per SM, default 2: it sets
-the split count [x 1: keys-major scores with the values gathered apart (TileConfig.keys_major)]];
+the split count [x 1: keys-major scores with the values gathered apart (TileConfig.keys_major)
+[x 1: a wide tile run by prefix_hopper's Gluon kernel (TileConfig.gluon)]]];
 a case is bs,L,H,n; a merge is a budget of output columns x parts per program (the launcher
 trades columns for parts); --wide adds a tile for requests of at least its rows,
 with a row tail of up to --tail-max rows on --tile in a second launch (under --fp8, the fp8 wide
-tile and its tail). This is
+tile and its tail); --gluon-tail caps the row tail a Gluon wide tile takes in its own block. This is
 how the shipped configs in configs.py were chosen (kernels/README.md, "Tuning notes").
 """
 

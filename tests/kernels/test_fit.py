@@ -35,8 +35,9 @@ def test_every_config_and_variant_was_compiled_for_both_targets(fit_report):
 
 
 def test_hopper_gluon_wide_tile_is_compiled_where_triton_builds_it(fit_report):
-    """The launcher runs prefix_hopper's kernel for HOPPER's wide tile wherever this Triton builds Gluon
-    (3.6+): both its forms (with and without the fused row tail) must compile and fit sm_90."""
+    """The launcher runs prefix_hopper's kernel for HOPPER's wide tile on the Triton releases in
+    prefix_hopper.TESTED_TRITON: there both its forms (with and without the fused row tail) must compile
+    and fit sm_90; elsewhere the fit report leaves them out (the launcher runs prefix.py's tile)."""
     from ddtree_kernels import prefix_hopper
 
     gluon = [r for r in fit_report if r["kernel"] == "prefix_gluon"]

@@ -115,6 +115,19 @@ def test_gluon_wide_tile_takes_a_short_tail_of_a_single_block(heads, tokens, kv_
         assert launches == prefix_launches(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=False)
 
 
+@pytest.mark.parametrize("version,runs", [("3.5.1", False), ("3.6.0", True), ("3.9.0", True),
+                                          ("3.10.0", False), ("4.0.0", False)])
+def test_gluon_kernel_only_on_the_triton_releases_it_is_checked_on(version, runs):
+    """Gluon renames things between releases: outside the checked range the launcher keeps prefix.py's tile
+    and the reason names the range (and where to widen it)."""
+    from ddtree_kernels import prefix_hopper
+
+    reason = prefix_hopper.unavailable_reason(version)
+    assert (reason == "") == runs
+    if not runs:
+        assert version in reason and "TESTED_TRITON" in reason
+
+
 def test_gluon_kernel_only_for_hopper_and_its_cache_layout():
     from ddtree_kernels import prefix_hopper
     from ddtree_kernels.launcher import gluon_supports, interpreting
