@@ -135,7 +135,7 @@ def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int, 
     wide = conf.prefix_wide
     if wide is not None and wide.gluon and not prefix_hopper.unavailable_reason():
         # Without and with the row tail in the last block (the launcher's fused_tail_rows).
-        for tail in sorted({0, 8 * -(-conf.gluon_tail_max_rows // 8)}):
+        for tail in sorted({0, prefix_hopper.tail_block(conf.gluon_tail_max_rows)}):
             const = dict(H=8, D_V=512, D_R=64, BLOCK_M=wide.block_m, BLOCK_N=wide.block_n,
                          NUM_STAGES=wide.num_stages, TAIL_N=tail, USE_PDL=True, num_warps=wide.num_warps)
             out.append(("prefix_gluon", f"kv=bf16,v_from_k=True,wide,tail={tail}", dict(_GLUON_SIG), const,

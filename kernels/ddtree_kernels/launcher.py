@@ -79,10 +79,10 @@ class VerifyPlan:
                                v_from_k=self.v_from_k, gluon=self.gluon)
 
     @cached_property
-    def fused_tail_rows(self) -> int:
-        """Rows past the last whole wide block that prefix_hopper's kernel takes in that block (0: none)."""
-        return fused_tail_rows(self.config, self.max_draft_tokens * self.num_heads, kv_fp8=self.kv_fp8,
-                               v_from_k=self.v_from_k, gluon=self.gluon)
+    def gluon_tail_block(self) -> int:
+        """TAIL_N of prefix_hopper's kernel: the row tail it takes in its last block, padded (0: none)."""
+        return prefix_hopper.tail_block(fused_tail_rows(self.config, self.max_draft_tokens * self.num_heads,
+                                                        kv_fp8=self.kv_fp8, v_from_k=self.v_from_k, gluon=self.gluon))
 
     @cached_property
     def head_blocks(self) -> tuple[int, int]:
@@ -367,7 +367,7 @@ def run_verify(
                 qk_scale_log2, conf.min_chunk, row_base,
                 q.stride(0), q.stride(1), k_buf.stride(0), *part_strides,
                 H=H, D_V=d_v, D_R=d_r, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n, NUM_STAGES=pc.num_stages,
-                TAIL_N=8 * _cdiv(plan.fused_tail_rows, 8), USE_PDL=pdl, num_warps=pc.num_warps, launch_pdl=pdl,
+                TAIL_N=plan.gluon_tail_block, USE_PDL=pdl, num_warps=pc.num_warps, launch_pdl=pdl,
             )
             continue
         prefix_split_kernel[(row_blocks, plan.num_splits, plan.batch_size)](

@@ -53,6 +53,11 @@ def _minor_version(version: str) -> tuple[int, int]:
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
+def tail_block(tail_rows: int) -> int:
+    """TAIL_N for a fused row tail of this many rows: its rows are wgmma's N, a multiple of 8 (0: none)."""
+    return -(-tail_rows // 8) * 8
+
+
 def unavailable_reason(version: str | None = None) -> str:
     """Why this Triton (or the one named by `version`) does not run the kernel ('' when it does)."""
     if _GLUON_ERROR:
@@ -106,6 +111,14 @@ if not _GLUON_ERROR:
         _async_gather(r_dst, K_buf + slot_r.to(gl.int64)[:, None] * stride_ks + cols_r[None, :],
                       mask=(offs_r < hi)[:, None])
         async_copy.commit_group()
+
+    @gluon.jit
+    def _raise_running_max(m_i, tile_max):
+        """(m_new, m_safe, alpha) as tile.raise_running_max (a Triton function Gluon cannot call): the
+        running maximum after a tile, its -inf-safe form to subtract, and the rescale of the state so far."""
+        m_new = gl.maximum(m_i, tile_max)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        return m_new, m_safe, gl.exp2(m_i - m_safe)
 
     @gluon.jit
     def _load_queries(Q, q_start, first_row, n_rows, stride_qt, stride_qh, COL0: gl.constexpr, ROWS: gl.constexpr,
@@ -229,9 +242,7 @@ if not _GLUON_ERROR:
             else:
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             s = gl.where((lo + i * BLOCK_N + offs_sn < hi)[None, :], s * qk_scale_log2, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 1))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_safe)
+            m_new, m_safe, alpha = _raise_running_max(m_i, gl.max(s, 1))
             p = gl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + gl.sum(p, 1)
             m_i = m_new
@@ -241,9 +252,7 @@ if not _GLUON_ERROR:
                 # The tail's softmax while the tensor cores run the block's values. Its row maxima
                 # span the warps (keys are its rows here); its sums stay per element until the end.
                 st = gl.where((lo + i * BLOCK_N + offs_tn < hi)[:, None], st * qk_scale_log2, float("-inf"))
-                mt_new = gl.maximum(m_t, gl.max(st, 0))
-                mt_safe = gl.where(mt_new == float("-inf"), 0.0, mt_new)
-                alpha_t = gl.exp2(m_t - mt_safe)
+                mt_new, mt_safe, alpha_t = _raise_running_max(m_t, gl.max(st, 0))
                 pt = gl.exp2(st - mt_safe[None, :])
                 lt_acc = lt_acc * alpha_t[None, :] + pt
                 m_t = mt_new
@@ -308,20 +317,14 @@ if not _GLUON_ERROR:
                 gl.store(LSE_part + (q_start * H + offs).to(gl.int64) * stride_lr + split,
                          gl.full([2 * BLOCK_M], float("-inf"), gl.float32, LSE_LAYOUT),
                          mask=(offs < n_rows) & (offs < first_row + BLOCK_M + TAIL_N))
+            elif TAIL_N > 0 and tail:  # TAIL_N is a constexpr: with 0 the tail form is not even compiled
+                _attend_chunk(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2, q_start, n_rows, kv_start,
+                              lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or, stride_op,
+                              stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_N)
             else:
-                if TAIL_N > 0:
-                    if tail:
-                        _attend_chunk(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2, q_start, n_rows, kv_start,
-                                      lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or, stride_op,
-                                      stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_N)
-                    else:
-                        _attend_chunk(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2, q_start, n_rows, kv_start,
-                                      lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or, stride_op,
-                                      stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES, 0)
-                else:
-                    _attend_chunk(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2, q_start, n_rows, kv_start,
-                                  lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or, stride_op,
-                                  stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES, 0)
+                _attend_chunk(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2, q_start, n_rows, kv_start,
+                              lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or, stride_op,
+                              stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES, 0)
         if USE_PDL:
             # As in prefix_split_kernel: complete only after the launch this one depends on.
             _grid_dependency(True)
