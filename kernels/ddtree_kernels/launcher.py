@@ -79,10 +79,15 @@ class VerifyPlan:
                                v_from_k=self.v_from_k, gluon=self.gluon)
 
     @cached_property
+    def gluon_tail_rows(self) -> int:
+        """Rows past BLOCK_M in each row block of prefix_hopper's kernel (launcher.fused_tail_rows)."""
+        return fused_tail_rows(self.config, self.max_draft_tokens * self.num_heads, kv_fp8=self.kv_fp8,
+                               v_from_k=self.v_from_k, gluon=self.gluon)
+
+    @cached_property
     def gluon_tail_block(self) -> int:
-        """TAIL_N of prefix_hopper's kernel: the row tail it takes in its last block, padded (0: none)."""
-        return prefix_hopper.tail_block(fused_tail_rows(self.config, self.max_draft_tokens * self.num_heads,
-                                                        kv_fp8=self.kv_fp8, v_from_k=self.v_from_k, gluon=self.gluon))
+        """TAIL_N of prefix_hopper's kernel: its row tail, padded (0: none)."""
+        return prefix_hopper.tail_block(self.gluon_tail_rows)
 
     @cached_property
     def head_blocks(self) -> tuple[int, int]:
@@ -115,25 +120,29 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def fused_tail_rows(config: VerifyConfig, rows: int, *, kv_fp8: bool, v_from_k: bool, gluon: bool) -> int:
-    """Row tail that the Gluon wide kernel takes in its last block, on the key tiles it gathers anyway
-    (configs.gluon_tail_max_rows), instead of a second launch reading the whole prefix again."""
+    """Rows past BLOCK_M that each row block of the Gluon wide kernel takes as its row tail, on the key
+    tiles it gathers anyway, instead of a second launch reading the whole prefix again (0: none).
+
+    The rows past the whole blocks are spread over all of them, at most configs.gluon_tail_max_rows
+    a block: GLM-5's 72 rows are one block of 64 + 8, 144 two of 72, 264 four of 66.
+    """
     main = config.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=v_from_k)
-    tail = config.tail_rows(rows, kv_fp8=kv_fp8, v_from_k=v_from_k)
-    # With more row blocks the tail would load one of them only, and a second launch costs less.
-    one_block = rows - tail == main.block_m
-    fits = main.block_n == 64 and tail <= config.gluon_tail_max_rows  # prefix_hopper's static asserts
-    return tail if gluon and main.gluon and one_block and fits else 0
+    if not (gluon and main.gluon) or main.block_n != 64 or rows < main.block_m:  # prefix_hopper's static asserts
+        return 0
+    blocks = rows // main.block_m
+    per_block = _cdiv(rows - blocks * main.block_m, blocks)
+    return per_block if per_block <= config.gluon_tail_max_rows else 0
 
 
 def prefix_launches(config: VerifyConfig, rows: int, *, kv_fp8: bool, v_from_k: bool,
                     gluon: bool = False) -> tuple[tuple[TileConfig, int, int], ...]:
     """(tile, first row, row blocks) of each prefix launch for requests of `rows` rows: the main
     tile, then the row tail on the narrow tile (configs.wide_tail_max_rows) unless the main tile's
-    Gluon kernel takes it (`fused_tail_rows`)."""
+    Gluon kernel spreads it over its blocks (`fused_tail_rows`)."""
     main = config.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=v_from_k)
     tail = config.tail_rows(rows, kv_fp8=kv_fp8, v_from_k=v_from_k)
     if fused_tail_rows(config, rows, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon):
-        return ((main, 0, (rows - tail) // main.block_m),)
+        return ((main, 0, rows // main.block_m),)
     if not tail:
         return ((main, 0, _cdiv(rows, main.block_m)),)
     narrow = config.narrow_for(kv_fp8=kv_fp8)
@@ -364,7 +373,7 @@ def run_verify(
         if pc.gluon and plan.gluon:
             prefix_hopper.prefix_wide_hopper_kernel[(row_blocks, plan.num_splits, plan.batch_size)](
                 q, k_buf, kv_indices, qo_indptr, kv_indptr, o_part, lse_part,
-                qk_scale_log2, conf.min_chunk, row_base,
+                qk_scale_log2, conf.min_chunk, row_base, pc.block_m + plan.gluon_tail_rows,
                 q.stride(0), q.stride(1), k_buf.stride(0), *part_strides,
                 H=H, D_V=d_v, D_R=d_r, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n, NUM_STAGES=pc.num_stages,
                 TAIL_N=plan.gluon_tail_block, USE_PDL=pdl, num_warps=pc.num_warps, launch_pdl=pdl,

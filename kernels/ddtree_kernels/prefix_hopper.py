@@ -7,16 +7,20 @@ wgmma descriptor is rebuilt in the loop (sweep log, session 6: 1,477 instruction
 a 64-key step, 76 of them wgmma). This kernel does the same work with that structure taken
 out of the compiler's hands:
 
-- Both warpgroups compute the whole score tile (the [8, 1] wgmma layout broadcasts it), so
-  each warp owns whole rows: the softmax needs no exchange, and P feeds the value wgmma
-  from registers. The scores cost twice their tensor time; the values are split, each
-  warpgroup accumulating 256 of the 512 value columns.
+- Each warpgroup scores half the key tile (wgmma layout [4, 2]) and accumulates half of the
+  512 value columns. The row maxima are reduced across the two through shared memory, and P
+  goes to shared memory too, into the tile's rope buffer (dead once scored), where both value
+  wgmmas read it: every tensor op is done once.
 - The key tile is gathered by cp.async into `NUM_STAGES` shared buffers, one tile ahead
   (its slot indices one more ahead), and read by both wgmmas in place: values are the first
   512 columns of the key rows.
-- With TAIL_N, the last row block also takes the rows past it (GLM-5: 72 = 64 + 8) on the
-  same key tiles, keys-major so that its few rows are wgmma's N: a second launch for them
-  would read the whole prefix again (launcher.fused_tail_rows).
+- With TAIL_N, each row block also takes up to TAIL_N rows past its BLOCK_M (GLM-5: 72 = 64
+  + 8; 144 rows: two blocks of 72) on the same key tiles, keys-major so that its few rows
+  are wgmma's N: a second launch for them would read the whole prefix again
+  (launcher.fused_tail_rows).
+- The queries' shared-memory descriptors are rebuilt in the loop (`_opaque_zero`): hoisted,
+  the 72 of them spilled to local memory, and the reloads stalled every step (Nsight Compute,
+  sweep log session 8).
 
 Same grid, arguments and partial outputs as `prefix_split_kernel` (merge.py combines
 them), for a bf16/fp16 cache whose values are the keys' first D_V columns, D_V = 512 and
@@ -86,6 +90,13 @@ if not _GLUON_ERROR:
                                       is_pure=False, pack=1)
 
     @gluon.jit
+    def _opaque_zero():
+        """0, computed by an instruction the compiler cannot see through. Indexing the query
+        buffers with it keeps their wgmma descriptors in the loop, a few uniform adds each, instead
+        of hoisted into 144 registers that spill (LLVM cannot rematerialise them)."""
+        return gl.inline_asm_elementwise("mov.b32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
     def _tile_slots(kv_indices, kv_base, start, hi, BLOCK_N: gl.constexpr, NOPE_LAYOUT: gl.constexpr,
                     ROPE_LAYOUT: gl.constexpr):
         """Cache slots of keys start .. start + BLOCK_N, in the row layouts of both gathers (0 past hi).
@@ -121,16 +132,19 @@ if not _GLUON_ERROR:
         return m_new, m_safe, gl.exp2(m_i - m_safe)
 
     @gluon.jit
-    def _load_queries(Q, q_start, first_row, n_rows, stride_qt, stride_qh, COL0: gl.constexpr, ROWS: gl.constexpr,
+    def _load_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, COL0: gl.constexpr, ROWS: gl.constexpr,
                       COLS: gl.constexpr, H: gl.constexpr, LAYOUT: gl.constexpr, SMEM: gl.constexpr,
                       SMEM_DTYPE: gl.constexpr):
-        """Query rows first_row .. first_row + ROWS (zeros from n_rows on), columns COL0 .. COL0 + COLS,
-        into shared memory in the cache's dtype (a wgmma operand for the whole loop)."""
+        """Query rows first_row .. first_row + ROWS (zeros from row_end on), columns COL0 .. COL0 + COLS,
+        into shared memory in the cache's dtype (a wgmma operand for the whole loop), as a [1, ROWS,
+        COLS] buffer for `.index(_opaque_zero())`."""
         offs = first_row + gl.arange(0, ROWS, layout=gl.SliceLayout(1, LAYOUT))
         ptrs = Q + (q_start + offs // H).to(gl.int64)[:, None] * stride_qt + (offs % H)[:, None] * stride_qh
         cols = COL0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, LAYOUT))
-        q = gl.load(ptrs + cols[None, :], mask=(offs < n_rows)[:, None], other=0.0)
-        return gl.allocate_shared_memory(SMEM_DTYPE, [ROWS, COLS], SMEM, q.to(SMEM_DTYPE))
+        q = gl.load(ptrs + cols[None, :], mask=(offs < row_end)[:, None], other=0.0)
+        buf = gl.allocate_shared_memory(SMEM_DTYPE, [1, ROWS, COLS], SMEM)
+        buf.index(0).store(q.to(SMEM_DTYPE))
+        return buf
 
     @gluon.jit
     def _store_part(O_part, LSE_part, acc, l_i, m_i, rows, row_ok, split, stride_or, stride_op, stride_lr,
@@ -152,20 +166,19 @@ if not _GLUON_ERROR:
     @gluon.jit
     def _attend_chunk(
         Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2,
-        q_start, n_rows, kv_base, lo, hi, first_row, split,
+        q_start, row_end, kv_base, lo, hi, first_row, split,
         stride_qt, stride_qh, stride_ks, stride_or, stride_op, stride_lr,
         H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_N: gl.constexpr,
     ):
-        """Rows first_row .. first_row + BLOCK_M (and, if TAIL_N, the up to TAIL_N rows after them)
-        against keys lo .. hi: write their parts for this split."""
-        # Scores: [BLOCK_M, BLOCK_N] on warps [8, 1], i.e. both warpgroups hold the whole tile.
-        S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
+        """Rows first_row .. first_row + BLOCK_M (and, if TAIL_N, the up to TAIL_N rows after them),
+        those before row_end, against keys lo .. hi: write their parts for this split."""
+        # Scores: [BLOCK_M, BLOCK_N] on warps [4, 2]: warpgroup g scores keys g * BLOCK_N / 2 ...
+        S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, BLOCK_N // 2, 16])
         # Output: [BLOCK_M, D_V] on warps [4, 2]: warpgroup g owns value columns g * D_V / 2 ...
         O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                            instr_shape=[16, D_V // 2, 16])
-        P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
         # Gathers: 16-byte vectors, a row's D_V columns across 16 threads.
         NOPE_LAYOUT: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
                                                      warps_per_cta=[8, 1], order=[1, 0])
@@ -187,12 +200,12 @@ if not _GLUON_ERROR:
         slot_n, slot_r = _tile_slots(kv_indices, kv_base, lo + (NUM_STAGES - 1) * BLOCK_N, hi, BLOCK_N,
                                      NOPE_LAYOUT, ROPE_LAYOUT)
 
-        qn_smem = _load_queries(Q, q_start, first_row, n_rows, stride_qt, stride_qh, 0, BLOCK_M, D_V, H, NOPE_LAYOUT,
+        qn_smem = _load_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, 0, BLOCK_M, D_V, H, NOPE_LAYOUT,
                                 gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_V], dtype), dtype)
-        qr_smem = _load_queries(Q, q_start, first_row, n_rows, stride_qt, stride_qh, D_V, BLOCK_M, D_R, H, ROPE_LAYOUT,
+        qr_smem = _load_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, D_V, BLOCK_M, D_R, H, ROPE_LAYOUT,
                                 gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_R], dtype), dtype)
         acc = gl.zeros([BLOCK_M, D_V], gl.float32, O_LAYOUT)
-        l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, S_LAYOUT))
+        l_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT)
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, S_LAYOUT))
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT)
         offs_sn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
@@ -204,9 +217,9 @@ if not _GLUON_ERROR:
             ST_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
                                                                 instr_shape=[16, TAIL_N, 16])
             PT_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TAIL_N, BLOCK_N], dtype)
-            tn_smem = _load_queries(Q, q_start, first_row + BLOCK_M, n_rows, stride_qt, stride_qh, 0, TAIL_N, D_V, H,
+            tn_smem = _load_queries(Q, q_start, first_row + BLOCK_M, row_end, stride_qt, stride_qh, 0, TAIL_N, D_V, H,
                                     NOPE_LAYOUT, gl.NVMMASharedLayout.get_default_for([TAIL_N, D_V], dtype), dtype)
-            tr_smem = _load_queries(Q, q_start, first_row + BLOCK_M, n_rows, stride_qt, stride_qh, D_V, TAIL_N, D_R, H,
+            tr_smem = _load_queries(Q, q_start, first_row + BLOCK_M, row_end, stride_qt, stride_qh, D_V, TAIL_N, D_R, H,
                                     ROPE_LAYOUT, gl.NVMMASharedLayout.get_default_for([TAIL_N, D_R], dtype), dtype)
             pt_smem = gl.allocate_shared_memory(dtype, [TAIL_N, BLOCK_N], PT_SMEM)
             acc_t = gl.zeros([D_V, TAIL_N], gl.float32, ST_LAYOUT)
@@ -225,11 +238,12 @@ if not _GLUON_ERROR:
             fence_async_shared()
             k_tile = k_smem.index(stage)
             r_tile = r_smem.index(stage)
-            s = warpgroup_mma(qn_smem, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s = warpgroup_mma(qr_smem, r_tile.permute((1, 0)), s, is_async=True)
+            z = _opaque_zero()
+            s = warpgroup_mma(qn_smem.index(z), k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma(qr_smem.index(z), r_tile.permute((1, 0)), s, is_async=True)
             if TAIL_N > 0:
-                st = warpgroup_mma(k_tile, tn_smem.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-                st = warpgroup_mma(r_tile, tr_smem.permute((1, 0)), st, is_async=True)
+                st = warpgroup_mma(k_tile, tn_smem.index(z).permute((1, 0)), st_zero, use_acc=False, is_async=True)
+                st = warpgroup_mma(r_tile, tr_smem.index(z).permute((1, 0)), st, is_async=True)
             # While the scores run: gather tile i + NUM_STAGES - 1 into the buffer tile i - 1 left
             # (every warp is past it: the barrier above), and load the slots of the one after.
             ahead = lo + (i + NUM_STAGES - 1) * BLOCK_N
@@ -241,13 +255,22 @@ if not _GLUON_ERROR:
                 s, st = warpgroup_mma_wait(num_outstanding=0, deps=(s, st))
             else:
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            # Row maxima across both warpgroups' keys (through shared memory); sums per element.
             s = gl.where((lo + i * BLOCK_N + offs_sn < hi)[None, :], s * qk_scale_log2, float("-inf"))
             m_new, m_safe, alpha = _raise_running_max(m_i, gl.max(s, 1))
             p = gl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + gl.sum(p, 1)
+            l_acc = l_acc * alpha[:, None] + p
             m_i = m_new
+            # Both warpgroups' values need all of P: it goes to shared memory, into this stage's
+            # rope buffer ([BLOCK_N, D_R], the shape of P), which no wgmma reads any more once
+            # every warp has waited for its scores (the barrier). That costs no shared memory:
+            # GLM-5's block uses 231,936 of the 232,448 bytes.
+            _cta_barrier()
+            r_tile.store(p.to(dtype))
+            fence_async_shared()
+            _cta_barrier()
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
-            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), P_LAYOUT), k_tile, acc, is_async=True)
+            acc = warpgroup_mma(r_tile, k_tile, acc, is_async=True)
             if TAIL_N > 0:
                 # The tail's softmax while the tensor cores run the block's values. Its row maxima
                 # span the warps (keys are its rows here); its sums stay per element until the end.
@@ -268,19 +291,19 @@ if not _GLUON_ERROR:
         async_copy.wait_group(0)
 
         offs_m = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, O_LAYOUT))
-        _store_part(O_part, LSE_part, acc, gl.convert_layout(l_i, gl.SliceLayout(1, O_LAYOUT)),
-                    gl.convert_layout(m_i, gl.SliceLayout(1, O_LAYOUT)), q_start * H + offs_m, offs_m < n_rows,
+        _store_part(O_part, LSE_part, acc, gl.convert_layout(gl.sum(l_acc, 1), gl.SliceLayout(1, O_LAYOUT)),
+                    gl.convert_layout(m_i, gl.SliceLayout(1, O_LAYOUT)), q_start * H + offs_m, offs_m < row_end,
                     split, stride_or, stride_op, stride_lr, D_V, 0, O_LAYOUT)
         if TAIL_N > 0:
             offs_t = first_row + BLOCK_M + gl.arange(0, TAIL_N, layout=gl.SliceLayout(0, ST_LAYOUT))
-            _store_part(O_part, LSE_part, acc_t, gl.sum(lt_acc, 0), m_t, q_start * H + offs_t, offs_t < n_rows,
+            _store_part(O_part, LSE_part, acc_t, gl.sum(lt_acc, 0), m_t, q_start * H + offs_t, offs_t < row_end,
                         split, stride_or, stride_op, stride_lr, D_V, 1, ST_LAYOUT)
 
     @gluon.jit
     def prefix_wide_hopper_kernel(
         Q, K_buf, kv_indices, qo_indptr, kv_indptr,
         O_part, LSE_part,
-        qk_scale_log2, min_chunk, row_base,
+        qk_scale_log2, min_chunk, row_base, row_stride,
         stride_qt, stride_qh, stride_ks,
         stride_or, stride_op, stride_lr,
         H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
@@ -288,8 +311,8 @@ if not _GLUON_ERROR:
         USE_PDL: gl.constexpr, num_warps: gl.constexpr,
     ):
         gl.static_assert(num_warps == 8, "two warpgroups: one per half of the value columns")
-        gl.static_assert(BLOCK_M == 64, "one wgmma row block, repeated by both warpgroups")
-        gl.static_assert(TAIL_N == 0 or BLOCK_N == 64, "the tail's keys-major wgmma needs 64 keys a tile")
+        gl.static_assert(BLOCK_M == 64 and BLOCK_N == 64 and D_R == 64,
+                         "one wgmma row block; P ([BLOCK_M, BLOCK_N]) reuses a [BLOCK_N, D_R] rope buffer")
         if USE_PDL:
             _grid_dependency(False)
         row_block = gl.program_id(0)
@@ -300,29 +323,29 @@ if not _GLUON_ERROR:
         n_rows = (gl.load(qo_indptr + req + 1).to(gl.int32) - q_start) * H
         kv_start = gl.load(kv_indptr + req).to(gl.int64)
         prefix_len = (gl.load(kv_indptr + req + 1).to(gl.int64) - kv_start).to(gl.int32)
-        first_row = row_base + row_block * BLOCK_M
+        # Row block j owns rows row_stride * j .. row_stride * (j + 1): BLOCK_M of them on the score
+        # wgmma and the rest (at most TAIL_N, the launcher plans so) as the keys-major row tail.
+        first_row = row_base + row_block * row_stride
+        row_end = gl.minimum(n_rows, first_row + row_stride)
         # Chunk bounds exactly as prefix_split_kernel's: the merge relies on it.
         chunk = gl.maximum(gl.cdiv(prefix_len, num_splits), min_chunk)
         chunk = gl.cdiv(chunk, BLOCK_N) * BLOCK_N
         lo = split * chunk
         hi = gl.minimum(lo + chunk, prefix_len)
-        # The last row block also takes the rows past it (at most TAIL_N: the launcher plans so).
-        tail = (row_block == gl.num_programs(0) - 1) & (n_rows > first_row + BLOCK_M)
         if first_row < n_rows:
             if lo >= hi:
-                # An empty chunk: LSE -inf for this block's rows and the tail's (rows of the next
-                # block, if any, get the same from their own program).
+                # An empty chunk: LSE -inf for this block's rows, its tail's included.
                 LSE_LAYOUT: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
                 offs = first_row + gl.arange(0, 2 * BLOCK_M, layout=LSE_LAYOUT)
                 gl.store(LSE_part + (q_start * H + offs).to(gl.int64) * stride_lr + split,
-                         gl.full([2 * BLOCK_M], float("-inf"), gl.float32, LSE_LAYOUT),
-                         mask=(offs < n_rows) & (offs < first_row + BLOCK_M + TAIL_N))
-            elif TAIL_N > 0 and tail:  # TAIL_N is a constexpr: with 0 the tail form is not even compiled
-                _attend_chunk(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2, q_start, n_rows, kv_start,
+                         gl.full([2 * BLOCK_M], float("-inf"), gl.float32, LSE_LAYOUT), mask=offs < row_end)
+            elif TAIL_N > 0 and row_end > first_row + BLOCK_M:  # TAIL_N is a constexpr: with 0 the tail
+                # form is not even compiled. Rows past row_end are masked, the tail's and the block's.
+                _attend_chunk(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2, q_start, row_end, kv_start,
                               lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or, stride_op,
                               stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_N)
             else:
-                _attend_chunk(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2, q_start, n_rows, kv_start,
+                _attend_chunk(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2, q_start, row_end, kv_start,
                               lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or, stride_op,
                               stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES, 0)
         if USE_PDL:

@@ -35,6 +35,9 @@ LARGE = [
     # a short prefix, an empty one (every split empty) and one shorter than a key tile
     ([100_003, 50, 0, 3_001, 200_000], [9, 9, 9, 1, 5], 8, {}),
     ([65_536, 65_536], [9, 9], 8, {"kv_dtype": torch.float16, "q_dtype": torch.float16}),
+    # ... with the rows past its whole blocks spread over them (264 rows: four blocks of 66), beside
+    # requests that end inside a block's tail and inside its first 64 rows
+    ([70_000, 1_000, 129], [33, 17, 7], 8, {}),
 ]
 
 

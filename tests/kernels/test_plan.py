@@ -92,16 +92,21 @@ def test_row_tail_goes_to_the_narrow_tile(heads, tokens, launches, kv_fp8):
 
 
 @pytest.mark.parametrize("heads,tokens,kv_fp8,fused", [
-    (8, 9, False, 8),    # GLM-5: one wide block, its 8-row tail in the same program
+    (8, 9, False, 8),    # GLM-5: one wide block of 64 + 8 rows
+    (16, 9, False, 8),   # 144 rows: two blocks of 72
+    (8, 17, False, 4),   # 136 rows: two blocks of 68
+    (8, 33, False, 2),   # 264 rows: four blocks of 66
+    (16, 33, False, 2),  # 528 rows: eight blocks of 66
     (8, 8, False, 0),    # 64 rows: no tail
-    (16, 9, False, 0),   # a 16-row tail: more than the Gluon tile's shared memory takes
-    (8, 33, False, 0),   # four wide blocks: the tail stays a second launch
+    (64, 9, False, 0),   # 576 rows: nine whole blocks
+    (8, 11, False, 0),   # 88 rows: 24 past one block, more than a block's tail takes: a second launch
     (8, 1, False, 0),    # decode: no wide tile
     (8, 9, True, 0),     # fp8: the Gluon tile is bf16/fp16 only
 ])
-def test_gluon_wide_tile_takes_a_short_tail_of_a_single_block(heads, tokens, kv_fp8, fused):
-    """Where prefix_hopper's kernel runs (plan.gluon), GLM-5's 8 tail rows ride in the wide block,
-    on the key tiles it gathers anyway, instead of a second launch that reads the prefix again."""
+def test_gluon_wide_tile_spreads_a_short_tail_over_its_blocks(heads, tokens, kv_fp8, fused):
+    """Where prefix_hopper's kernel runs (plan.gluon), the rows past the whole wide blocks ride in
+    those blocks, on the key tiles they gather anyway, instead of a second launch that reads the
+    prefix again; each block then owns BLOCK_M + fused rows, and together they own every row."""
     from ddtree_kernels.configs import HOPPER
     from ddtree_kernels.launcher import fused_tail_rows, prefix_launches
 
@@ -110,7 +115,10 @@ def test_gluon_wide_tile_takes_a_short_tail_of_a_single_block(heads, tokens, kv_
     assert fused_tail_rows(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=False) == 0
     launches = prefix_launches(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=True)
     if fused:
-        assert launches == ((HOPPER.prefix_wide, 0, 1),)
+        blocks = rows // HOPPER.prefix_wide.block_m
+        assert launches == ((HOPPER.prefix_wide, 0, blocks),)
+        assert (blocks - 1) * (64 + fused) < rows <= blocks * (64 + fused)  # every row, no empty block
+        assert fused <= HOPPER.gluon_tail_max_rows
     else:
         assert launches == prefix_launches(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=False)
 

@@ -27,7 +27,7 @@ fn = module.prefix_wide_hopper_kernel
 
 bn, stages, tail = (int(a) for a in sys.argv[1:4])
 sig = dict(Q="*bf16", K_buf="*bf16", kv_indices="*i64", qo_indptr="*i32", kv_indptr="*i32", O_part="*fp32",
-           LSE_part="*fp32", qk_scale_log2="fp32", min_chunk="i32", row_base="i32", stride_qt="i32", stride_qh="i32",
+           LSE_part="*fp32", qk_scale_log2="fp32", min_chunk="i32", row_base="i32", row_stride="i32", stride_qt="i32", stride_qh="i32",
            stride_ks="i32", stride_or="i32", stride_op="i32", stride_lr="i32")
 aligned = {"Q", "K_buf", "kv_indices", "qo_indptr", "kv_indptr", "O_part", "LSE_part", "stride_qt", "stride_qh",
            "stride_ks", "stride_or", "stride_op"}
