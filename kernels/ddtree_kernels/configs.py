@@ -61,6 +61,10 @@ class VerifyConfig:
     # The same for an fp8 cache (either V layout): the widening of each 8-bit key tile is then
     # paid once for 64 rows (32 on sm_120) instead of once for every 16.
     prefix_wide_fp8: TileConfig | None = None
+    # Where prefix_hopper's Gluon kernel runs (launcher.gluon_supports), an fp8 cache with V read from K
+    # takes this wide tile instead: each 8-bit key tile widened once into a 16-bit one that both
+    # wgmmas read. prefix_wide_fp8 stays the tile everywhere else (older or newer Triton, separate V).
+    prefix_wide_fp8_gluon: TileConfig | None = None
     wide_min_rows: int = 64
     # Rows past the last whole wide block (GLM-5: 72 = 64 + 8) run on the narrow tile (`prefix`,
     # or `prefix_fp8` for an fp8 cache: narrow_for) in a second launch when there are at most this
@@ -77,18 +81,22 @@ class VerifyConfig:
     # hiding each launch's latency in the grid before it.
     pdl: bool = True
 
-    def prefix_for(self, rows_per_request: int, *, kv_fp8: bool = False, v_from_k: bool = True) -> TileConfig:
-        """The prefix tile for requests of up to this many rows each, on this cache layout."""
-        wide = self.wide_for(kv_fp8=kv_fp8, v_from_k=v_from_k)
+    def prefix_for(self, rows_per_request: int, *, kv_fp8: bool = False, v_from_k: bool = True,
+                   gluon: bool = False) -> TileConfig:
+        """The prefix tile for requests of up to this many rows each, on this cache layout (`gluon`:
+        where prefix_hopper's kernel runs, launcher.gluon_supports)."""
+        wide = self.wide_for(kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon)
         if wide is not None and rows_per_request >= self.wide_min_rows:
             return wide
         if not kv_fp8 and not v_from_k:
             return self.prefix_split_v
         return self.narrow_for(kv_fp8=kv_fp8)
 
-    def wide_for(self, *, kv_fp8: bool = False, v_from_k: bool = True) -> TileConfig | None:
+    def wide_for(self, *, kv_fp8: bool = False, v_from_k: bool = True, gluon: bool = False) -> TileConfig | None:
         """The wide tile of this cache layout, if it has one (bf16 only with V read from K)."""
         if kv_fp8:
+            if gluon and v_from_k and self.prefix_wide_fp8_gluon is not None:
+                return self.prefix_wide_fp8_gluon
             return self.prefix_wide_fp8
         return self.prefix_wide if v_from_k else None
 
@@ -96,10 +104,11 @@ class VerifyConfig:
         """The tile that takes the row tail past a wide tile's whole blocks."""
         return self.prefix_fp8 if kv_fp8 else self.prefix
 
-    def tail_rows(self, rows_per_request: int, *, kv_fp8: bool = False, v_from_k: bool = True) -> int:
+    def tail_rows(self, rows_per_request: int, *, kv_fp8: bool = False, v_from_k: bool = True,
+                  gluon: bool = False) -> int:
         """Rows of each request that the narrow tile takes after the wide tile's whole blocks (0: none)."""
-        tile = self.prefix_for(rows_per_request, kv_fp8=kv_fp8, v_from_k=v_from_k)
-        if tile is not self.wide_for(kv_fp8=kv_fp8, v_from_k=v_from_k):
+        tile = self.prefix_for(rows_per_request, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon)
+        if tile is not self.wide_for(kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon):
             return 0
         tail = rows_per_request % tile.block_m
         return tail if tail <= self.wide_tail_max_rows else 0
@@ -142,12 +151,17 @@ PORTABLE = VerifyConfig(
 # Session 7: the bf16 wide tile runs prefix_hopper.py's Gluon kernel (Triton 3.6-3.9; prefix.py's with the
 # same tile elsewhere): 185k H64 n1 142.4 -> 97.3 µs, 185k H16 n33 914 -> 726; GLM-5's 8-row tail rides
 # in the wide block (gluon_tail_max_rows) instead of a second launch: 185k H8 n9 171 -> 158 µs (sweep log).
+# Session 8: the Gluon tile without spills, its scores split between the warpgroups, and the rows past
+# the whole blocks spread over all of them: 185k H8 n9 153 -> 110 µs, 185k H16 n9 275 -> 186, H8 n33
+# 467 -> 352. An fp8 cache with V in K takes the Gluon tile too (prefix_wide_fp8_gluon), each 8-bit
+# tile widened once in shared memory: 185k H8 n9 fp8 267 -> 132 µs, 185k H16 n9 fp8 418 -> 232.
 HOPPER = dataclasses.replace(
     PORTABLE,
     prefix=dataclasses.replace(PORTABLE.prefix, ctas_per_sm=2),
     prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=2, keys_major=True),
     prefix_wide=TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1, gluon=True),
     prefix_wide_fp8=TileConfig(block_m=64, block_n=32, num_warps=8, num_stages=2, ctas_per_sm=1, keys_major=True),
+    prefix_wide_fp8_gluon=TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1, gluon=True),
 )
 
 # Chosen by (major, minor) compute capability; anything not listed gets PORTABLE.

@@ -43,11 +43,12 @@ _TREE_SIG = dict(
     mask_row_stride="i32", stride_qt="i32", stride_qh="i32", stride_kt="i32", stride_vt="i32",
     stride_or="i32", stride_op="i32", stride_lr="i32",
 )
-# prefix_hopper's Gluon kernel (values read from the key rows: no V buffer, no scales).
+# prefix_hopper's Gluon kernel (values read from the key rows: no V buffer).
 _GLUON_SIG = dict(
-    Q="*bf16", K_buf="*bf16", kv_indices="*i64", qo_indptr="*i32", kv_indptr="*i32", O_part="*fp32",
-    LSE_part="*fp32", qk_scale_log2="fp32", min_chunk="i32", row_base="i32", row_stride="i32", stride_qt="i32",
-    stride_qh="i32", stride_ks="i32", stride_or="i32", stride_op="i32", stride_lr="i32",
+    Q="*bf16", K_buf="*KV", kv_indices="*i64", qo_indptr="*i32", kv_indptr="*i32", O_part="*fp32",
+    LSE_part="*fp32", k_scale="fp32", v_scale="fp32", qk_scale_log2="fp32", min_chunk="i32", row_base="i32",
+    row_stride="i32", stride_qt="i32", stride_qh="i32", stride_ks="i32", stride_or="i32", stride_op="i32",
+    stride_lr="i32",
 )
 # Gluon kernels are architecture-specific: prefix_hopper's is compiled for sm_90 only.
 _GLUON_TARGETS = {"prefix_gluon": (9, 0)}
@@ -132,13 +133,16 @@ def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int, 
         role = ",wide" if any(pc is w for w in (conf.prefix_wide, conf.prefix_wide_fp8)) else ""
         out.append(("prefix", f"kv={kv},v_from_k={v_from_k}{role}", sig, const, pc.num_warps, pc.num_stages,
                     pc.ctas_per_sm))
-    wide = conf.prefix_wide
-    if wide is not None and wide.gluon and not prefix_hopper.unavailable_reason():
-        # Without and with the row tail in the last block (the launcher's fused_tail_rows).
+    gluon_tiles = [(kv, wide) for kv, wide in (("bf16", conf.prefix_wide), ("fp8e4nv", conf.prefix_wide_fp8_gluon))
+                   if wide is not None and wide.gluon]
+    for kv, wide in gluon_tiles if not prefix_hopper.unavailable_reason() else ():
+        # Without and with a row tail in each block (the launcher's fused_tail_rows).
         for tail in sorted({0, prefix_hopper.tail_block(conf.gluon_tail_max_rows)}):
             const = dict(H=8, D_V=512, D_R=64, BLOCK_M=wide.block_m, BLOCK_N=wide.block_n,
-                         NUM_STAGES=wide.num_stages, TAIL_N=tail, USE_PDL=True, num_warps=wide.num_warps)
-            out.append(("prefix_gluon", f"kv=bf16,v_from_k=True,wide,tail={tail}", dict(_GLUON_SIG), const,
+                         NUM_STAGES=wide.num_stages, TAIL_N=tail, KV_FP8=kv != "bf16", SCALE_FROM_PTR=False,
+                         USE_PDL=True, num_warps=wide.num_warps)
+            sig = {k: ("*" + kv if v == "*KV" else v) for k, v in _GLUON_SIG.items()}
+            out.append(("prefix_gluon", f"kv={kv},v_from_k=True,wide,tail={tail}", sig, const,
                         wide.num_warps, 1, wide.ctas_per_sm))
     for mode, name in ((1, "sglang_flat"), (0, "chain"), (2, "compact")):
         const = dict(dims, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, MASK_MODE=mode, DOT_FP32=False, USE_PDL=True)

@@ -61,13 +61,13 @@ class VerifyPlan:
     @property
     def prefix_tile(self) -> TileConfig:
         return self.config.prefix_for(self.max_draft_tokens * self.num_heads, kv_fp8=self.kv_fp8,
-                                      v_from_k=self.v_from_k)
+                                      v_from_k=self.v_from_k, gluon=self.gluon)
 
     @property
     def tail_rows(self) -> int:
         """Rows a request leaves to the second, narrow-tile prefix launch (configs.wide_tail_max_rows)."""
         return self.config.tail_rows(self.max_draft_tokens * self.num_heads, kv_fp8=self.kv_fp8,
-                                     v_from_k=self.v_from_k)
+                                     v_from_k=self.v_from_k, gluon=self.gluon)
 
     def prefix_launches(self) -> tuple[tuple[TileConfig, int, int], ...]:
         """(tile, first row, row blocks) of each prefix launch: the main tile, then the row tail."""
@@ -126,7 +126,7 @@ def fused_tail_rows(config: VerifyConfig, rows: int, *, kv_fp8: bool, v_from_k: 
     The rows past the whole blocks are spread over all of them, at most configs.gluon_tail_max_rows
     a block: GLM-5's 72 rows are one block of 64 + 8, 144 two of 72, 264 four of 66.
     """
-    main = config.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=v_from_k)
+    main = config.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon)
     if not (gluon and main.gluon) or main.block_n != 64 or rows < main.block_m:  # prefix_hopper's static asserts
         return 0
     blocks = rows // main.block_m
@@ -139,8 +139,8 @@ def prefix_launches(config: VerifyConfig, rows: int, *, kv_fp8: bool, v_from_k: 
     """(tile, first row, row blocks) of each prefix launch for requests of `rows` rows: the main
     tile, then the row tail on the narrow tile (configs.wide_tail_max_rows) unless the main tile's
     Gluon kernel spreads it over its blocks (`fused_tail_rows`)."""
-    main = config.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=v_from_k)
-    tail = config.tail_rows(rows, kv_fp8=kv_fp8, v_from_k=v_from_k)
+    main = config.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon)
+    tail = config.tail_rows(rows, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon)
     if fused_tail_rows(config, rows, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon):
         return ((main, 0, rows // main.block_m),)
     if not tail:
@@ -152,9 +152,9 @@ def prefix_launches(config: VerifyConfig, rows: int, *, kv_fp8: bool, v_from_k: 
 def gluon_supports(capability: tuple[int, int] | None, *, kv_fp8: bool, v_from_k: bool, d_v: int,
                    d_rope: int) -> bool:
     """prefix_hopper's kernel serves this call: a Hopper GPU (wgmma), a Triton that builds it, a
-    bf16/fp16 cache with V read from K, D_V 512 and D_R 64, compiled (not interpreted)."""
+    bf16/fp16 or fp8 cache with V read from K, D_V 512 and D_R 64, compiled (not interpreted)."""
     return (capability is not None and capability[0] == 9 and not interpreting()
-            and not prefix_hopper.unavailable_reason() and not kv_fp8 and v_from_k and d_v == 512 and d_rope == 64)
+            and not prefix_hopper.unavailable_reason() and v_from_k and d_v == 512 and d_rope == 64)
 
 
 def split_count(programs_per_split: int, slots: int, max_splits: int, slack: float = 0.03) -> int:
@@ -373,10 +373,11 @@ def run_verify(
         if pc.gluon and plan.gluon:
             prefix_hopper.prefix_wide_hopper_kernel[(row_blocks, plan.num_splits, plan.batch_size)](
                 q, k_buf, kv_indices, qo_indptr, kv_indptr, o_part, lse_part,
-                qk_scale_log2, conf.min_chunk, row_base, pc.block_m + plan.gluon_tail_rows,
+                k_s, v_s, qk_scale_log2, conf.min_chunk, row_base, pc.block_m + plan.gluon_tail_rows,
                 q.stride(0), q.stride(1), k_buf.stride(0), *part_strides,
                 H=H, D_V=d_v, D_R=d_r, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n, NUM_STAGES=pc.num_stages,
-                TAIL_N=plan.gluon_tail_block, USE_PDL=pdl, num_warps=pc.num_warps, launch_pdl=pdl,
+                TAIL_N=plan.gluon_tail_block, KV_FP8=kv_fp8, SCALE_FROM_PTR=scale_from_ptr, USE_PDL=pdl,
+                num_warps=pc.num_warps, launch_pdl=pdl,
             )
             continue
         prefix_split_kernel[(row_blocks, plan.num_splits, plan.batch_size)](

@@ -21,10 +21,13 @@ out of the compiler's hands:
 - The queries' shared-memory descriptors are rebuilt in the loop (`_opaque_zero`): hoisted,
   the 72 of them spilled to local memory, and the reloads stalled every step (Nsight Compute,
   sweep log session 8).
+- An fp8 cache (KV_FP8) is gathered into 8-bit stages and each tile widened once into one
+  fp16 tile that all the wgmmas read (the queries are fp16 too, as in prefix.py's fp8 tiles);
+  the 8-bit stage is free after the widening, so its gather runs NUM_STAGES tiles ahead.
 
-Same grid, arguments and partial outputs as `prefix_split_kernel` (merge.py combines
-them), for a bf16/fp16 cache whose values are the keys' first D_V columns, D_V = 512 and
-D_R = 64 (GLM-5, DeepSeek). It runs on Triton 3.6-3.9 and an sm_90 GPU; the launcher falls back to
+Same grid and partial outputs as `prefix_split_kernel` (merge.py combines them), for a
+bf16/fp16/fp8 cache whose values are the keys' first D_V columns, D_V = 512 and D_R = 64
+(GLM-5, DeepSeek). It runs on Triton 3.6-3.9 and an sm_90 GPU; the launcher falls back to
 `prefix_split_kernel` everywhere else (`launcher.gluon_supports`).
 """
 
@@ -147,29 +150,39 @@ if not _GLUON_ERROR:
         return buf
 
     @gluon.jit
-    def _store_part(O_part, LSE_part, acc, l_i, m_i, rows, row_ok, split, stride_or, stride_op, stride_lr,
+    def _store_part(O_part, LSE_part, acc, l_i, m_i, v_scale, rows, row_ok, split, stride_or, stride_op, stride_lr,
                     D_V: gl.constexpr, ROW_AXIS: gl.constexpr, LAYOUT: gl.constexpr):
-        """One part's normalised output and base-2 LSE (-inf where nothing was seen); `acc` holds rows
-        along ROW_AXIS (1: the tail's transposed [D_V, rows] accumulator), `l_i`, `m_i`, `rows` and
-        `row_ok` are in SliceLayout(1 - ROW_AXIS, LAYOUT)."""
+        """One part's normalised output (times the values' dequantisation scale) and base-2 LSE (-inf
+        where nothing was seen); `acc` holds rows along ROW_AXIS (1: the tail's transposed [D_V, rows]
+        accumulator), `l_i`, `m_i`, `rows` and `row_ok` are in SliceLayout(1 - ROW_AXIS, LAYOUT)."""
         seen = l_i > 0.0
         l_safe = gl.where(seen, l_i, 1.0)
         lse = gl.where(seen, m_i + gl.log2(l_safe), float("-inf"))
+        norm = v_scale / l_safe
         offs_dv = gl.arange(0, D_V, layout=gl.SliceLayout(ROW_AXIS, LAYOUT))
         row_off = rows.to(gl.int64) * stride_or + split * stride_op
         if ROW_AXIS == 0:
-            gl.store(O_part + row_off[:, None] + offs_dv[None, :], acc / l_safe[:, None], mask=row_ok[:, None])
+            gl.store(O_part + row_off[:, None] + offs_dv[None, :], acc * norm[:, None], mask=row_ok[:, None])
         else:
-            gl.store(O_part + row_off[None, :] + offs_dv[:, None], acc / l_safe[None, :], mask=row_ok[None, :])
+            gl.store(O_part + row_off[None, :] + offs_dv[:, None], acc * norm[None, :], mask=row_ok[None, :])
         gl.store(LSE_part + rows.to(gl.int64) * stride_lr + split, lse, mask=row_ok)
 
     @gluon.jit
+    def _widen_tile(src, dst, ROWS: gl.constexpr, COLS: gl.constexpr, LAYOUT: gl.constexpr):
+        """An 8-bit key tile in shared memory, converted to the dots' 16-bit dtype into `dst`
+        (fp8 -> fp16 is one native convert), 16 rows at a time to bound the registers it takes."""
+        for r in gl.static_range(0, ROWS, 16):
+            tile = src.slice(r, 16, dim=0).load(LAYOUT)
+            dst.slice(r, 16, dim=0).store(tile.to(dst.dtype))
+
+    @gluon.jit
     def _attend_chunk(
-        Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2,
+        Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2, v_scale,
         q_start, row_end, kv_base, lo, hi, first_row, split,
         stride_qt, stride_qh, stride_ks, stride_or, stride_op, stride_lr,
         H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_N: gl.constexpr,
+        KV_FP8: gl.constexpr,
     ):
         """Rows first_row .. first_row + BLOCK_M (and, if TAIL_N, the up to TAIL_N rows after them),
         those before row_end, against keys lo .. hi: write their parts for this split."""
@@ -179,26 +192,48 @@ if not _GLUON_ERROR:
         # Output: [BLOCK_M, D_V] on warps [4, 2]: warpgroup g owns value columns g * D_V / 2 ...
         O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                            instr_shape=[16, D_V // 2, 16])
-        # Gathers: 16-byte vectors, a row's D_V columns across 16 threads.
+        # Query loads: 16-byte vectors of 16-bit values, a row's D_V columns across 16 threads.
         NOPE_LAYOUT: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
                                                      warps_per_cta=[8, 1], order=[1, 0])
         ROPE_LAYOUT: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
                                                      warps_per_cta=[8, 1], order=[1, 0])
-        # The dots run in the cache's dtype (bf16 or fp16): the queries are converted once.
-        dtype: gl.constexpr = K_buf.dtype.element_ty
-        NOPE_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
-        ROPE_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_R], dtype)
-
-        k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, D_V], NOPE_SMEM)
-        r_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, D_R], ROPE_SMEM)
-        for t in gl.static_range(NUM_STAGES - 1):
-            slot_n, slot_r = _tile_slots(kv_indices, kv_base, lo + t * BLOCK_N, hi, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
-            _gather_tile(k_smem.index(t), r_smem.index(t), slot_n, slot_r, K_buf, lo + t * BLOCK_N, hi,
-                         stride_ks, D_V, D_R, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
+        if KV_FP8:
+            # 8-bit rows: 16-byte vectors of 16 values, a row's D_V columns across a warp. The dots
+            # run in fp16 (as prefix.py's fp8 tiles): each gathered tile is widened once into a
+            # 16-bit tile that both wgmmas read, so the 8-bit stages are free one step sooner and
+            # the gather runs NUM_STAGES tiles ahead instead of NUM_STAGES - 1.
+            G_NOPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[1, 32],
+                                                    warps_per_cta=[8, 1], order=[1, 0])
+            G_ROPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[8, 4],
+                                                    warps_per_cta=[8, 1], order=[1, 0])
+            dtype: gl.constexpr = gl.float16
+            AHEAD: gl.constexpr = NUM_STAGES
+        else:
+            # The dots run in the cache's dtype (bf16 or fp16), on the gathered tiles in place.
+            G_NOPE: gl.constexpr = NOPE_LAYOUT
+            G_ROPE: gl.constexpr = ROPE_LAYOUT
+            dtype: gl.constexpr = K_buf.dtype.element_ty
+            AHEAD: gl.constexpr = NUM_STAGES - 1
+        kv_dtype: gl.constexpr = K_buf.dtype.element_ty
+        g_nope = gl.allocate_shared_memory(kv_dtype, [NUM_STAGES, BLOCK_N, D_V],
+                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], kv_dtype))
+        g_rope = gl.allocate_shared_memory(kv_dtype, [NUM_STAGES, BLOCK_N, D_R],
+                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_R], kv_dtype))
+        if KV_FP8:
+            k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, D_V],
+                                               gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype))
+            r_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, D_R],
+                                               gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_R], dtype))
+        else:
+            k_smem = g_nope
+            r_smem = g_rope
+        for t in gl.static_range(AHEAD):
+            slot_n, slot_r = _tile_slots(kv_indices, kv_base, lo + t * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
+            _gather_tile(g_nope.index(t), g_rope.index(t), slot_n, slot_r, K_buf, lo + t * BLOCK_N, hi,
+                         stride_ks, D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
         # The slots of each gather are loaded an iteration before it: the gather's addresses would
         # otherwise wait for a dependent global load every iteration.
-        slot_n, slot_r = _tile_slots(kv_indices, kv_base, lo + (NUM_STAGES - 1) * BLOCK_N, hi, BLOCK_N,
-                                     NOPE_LAYOUT, ROPE_LAYOUT)
+        slot_n, slot_r = _tile_slots(kv_indices, kv_base, lo + AHEAD * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
 
         qn_smem = _load_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, 0, BLOCK_M, D_V, H, NOPE_LAYOUT,
                                 gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_V], dtype), dtype)
@@ -232,25 +267,36 @@ if not _GLUON_ERROR:
         for i in range(n_tiles):
             stage = i % NUM_STAGES
             # Tile i has landed (this thread's copies), then everyone's: and every warp is past
-            # tile i - 1, whose buffer the next gather overwrites.
-            async_copy.wait_group(NUM_STAGES - 2)
+            # tile i - 1, whose buffers the next gather (or widening) overwrites.
+            async_copy.wait_group(AHEAD - 1)
             _cta_barrier()
-            fence_async_shared()
-            k_tile = k_smem.index(stage)
-            r_tile = r_smem.index(stage)
+            if KV_FP8:
+                k_tile = k_smem.index(0)
+                r_tile = r_smem.index(0)
+                _widen_tile(g_nope.index(stage), k_tile, BLOCK_N, D_V, G_NOPE)
+                _widen_tile(g_rope.index(stage), r_tile, BLOCK_N, D_R, G_ROPE)
+                # Every warp has read this 8-bit stage (the gather below refills it) and written
+                # its share of the 16-bit tile (the wgmmas read it).
+                fence_async_shared()
+                _cta_barrier()
+            else:
+                fence_async_shared()
+                k_tile = k_smem.index(stage)
+                r_tile = r_smem.index(stage)
             z = _opaque_zero()
             s = warpgroup_mma(qn_smem.index(z), k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s = warpgroup_mma(qr_smem.index(z), r_tile.permute((1, 0)), s, is_async=True)
             if TAIL_N > 0:
                 st = warpgroup_mma(k_tile, tn_smem.index(z).permute((1, 0)), st_zero, use_acc=False, is_async=True)
                 st = warpgroup_mma(r_tile, tr_smem.index(z).permute((1, 0)), st, is_async=True)
-            # While the scores run: gather tile i + NUM_STAGES - 1 into the buffer tile i - 1 left
-            # (every warp is past it: the barrier above), and load the slots of the one after.
-            ahead = lo + (i + NUM_STAGES - 1) * BLOCK_N
-            free = (i + NUM_STAGES - 1) % NUM_STAGES
-            _gather_tile(k_smem.index(free), r_smem.index(free), slot_n, slot_r, K_buf, ahead, hi, stride_ks,
-                         D_V, D_R, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
-            slot_n, slot_r = _tile_slots(kv_indices, kv_base, ahead + BLOCK_N, hi, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
+            # While the scores run: gather tile i + AHEAD into the 8-bit stage just widened (fp8) or
+            # into the buffer tile i - 1 left (every warp is past it: the barrier above), and load
+            # the slots of the one after.
+            ahead = lo + (i + AHEAD) * BLOCK_N
+            free = (i + AHEAD) % NUM_STAGES
+            _gather_tile(g_nope.index(free), g_rope.index(free), slot_n, slot_r, K_buf, ahead, hi, stride_ks,
+                         D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
+            slot_n, slot_r = _tile_slots(kv_indices, kv_base, ahead + BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
             if TAIL_N > 0:
                 s, st = warpgroup_mma_wait(num_outstanding=0, deps=(s, st))
             else:
@@ -292,23 +338,25 @@ if not _GLUON_ERROR:
 
         offs_m = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, O_LAYOUT))
         _store_part(O_part, LSE_part, acc, gl.convert_layout(gl.sum(l_acc, 1), gl.SliceLayout(1, O_LAYOUT)),
-                    gl.convert_layout(m_i, gl.SliceLayout(1, O_LAYOUT)), q_start * H + offs_m, offs_m < row_end,
+                    gl.convert_layout(m_i, gl.SliceLayout(1, O_LAYOUT)), v_scale, q_start * H + offs_m,
+                    offs_m < row_end,
                     split, stride_or, stride_op, stride_lr, D_V, 0, O_LAYOUT)
         if TAIL_N > 0:
             offs_t = first_row + BLOCK_M + gl.arange(0, TAIL_N, layout=gl.SliceLayout(0, ST_LAYOUT))
-            _store_part(O_part, LSE_part, acc_t, gl.sum(lt_acc, 0), m_t, q_start * H + offs_t, offs_t < row_end,
+            _store_part(O_part, LSE_part, acc_t, gl.sum(lt_acc, 0), m_t, v_scale, q_start * H + offs_t,
+                        offs_t < row_end,
                         split, stride_or, stride_op, stride_lr, D_V, 1, ST_LAYOUT)
 
     @gluon.jit
     def prefix_wide_hopper_kernel(
         Q, K_buf, kv_indices, qo_indptr, kv_indptr,
         O_part, LSE_part,
-        qk_scale_log2, min_chunk, row_base, row_stride,
+        k_scale, v_scale, qk_scale_log2, min_chunk, row_base, row_stride,
         stride_qt, stride_qh, stride_ks,
         stride_or, stride_op, stride_lr,
         H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_N: gl.constexpr,
-        USE_PDL: gl.constexpr, num_warps: gl.constexpr,
+        KV_FP8: gl.constexpr, SCALE_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
     ):
         gl.static_assert(num_warps == 8, "two warpgroups: one per half of the value columns")
         gl.static_assert(BLOCK_M == 64 and BLOCK_N == 64 and D_R == 64,
@@ -332,6 +380,14 @@ if not _GLUON_ERROR:
         chunk = gl.cdiv(chunk, BLOCK_N) * BLOCK_N
         lo = split * chunk
         hi = gl.minimum(lo + chunk, prefix_len)
+        # Dequantisation scales (1 for a 16-bit cache): k_scale folds into the scores, v_scale into
+        # the stored output. Passed as floats, or as 0-dim device tensors (no host sync).
+        if SCALE_FROM_PTR:
+            qk_scale = qk_scale_log2 * gl.load(k_scale).to(gl.float32)
+            out_scale = gl.load(v_scale).to(gl.float32)
+        else:
+            qk_scale = qk_scale_log2 * k_scale
+            out_scale = v_scale
         if first_row < n_rows:
             if lo >= hi:
                 # An empty chunk: LSE -inf for this block's rows, its tail's included.
@@ -341,13 +397,13 @@ if not _GLUON_ERROR:
                          gl.full([2 * BLOCK_M], float("-inf"), gl.float32, LSE_LAYOUT), mask=offs < row_end)
             elif TAIL_N > 0 and row_end > first_row + BLOCK_M:  # TAIL_N is a constexpr: with 0 the tail
                 # form is not even compiled. Rows past row_end are masked, the tail's and the block's.
-                _attend_chunk(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2, q_start, row_end, kv_start,
-                              lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or, stride_op,
-                              stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_N)
+                _attend_chunk(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale, q_start, row_end,
+                              kv_start, lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or,
+                              stride_op, stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_N, KV_FP8)
             else:
-                _attend_chunk(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2, q_start, row_end, kv_start,
-                              lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or, stride_op,
-                              stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES, 0)
+                _attend_chunk(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale, q_start, row_end,
+                              kv_start, lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or,
+                              stride_op, stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES, 0, KV_FP8)
         if USE_PDL:
             # As in prefix_split_kernel: complete only after the launch this one depends on.
             _grid_dependency(True)

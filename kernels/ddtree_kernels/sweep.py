@@ -40,6 +40,7 @@ def time_config(case: Case, tile: TileConfig, device: str = "cuda", min_chunk: i
     `gluon_tail` rows, PORTABLE's by default, into a Gluon wide tile's last block)."""
     cfg = dataclasses.replace(PORTABLE, prefix=tile, prefix_fp8=tile, prefix_wide=wide,
                               prefix_wide_fp8=wide if case.fp8 else None,
+                              prefix_wide_fp8_gluon=wide if case.fp8 and wide and wide.gluon else None,
                               wide_min_rows=wide.block_m if wide else 0, wide_tail_max_rows=tail_max,
                               min_chunk=min_chunk or PORTABLE.min_chunk, prefetch_slots=prefetch_slots, pdl=pdl,
                               gluon_tail_max_rows=PORTABLE.gluon_tail_max_rows if gluon_tail is None else gluon_tail)

@@ -101,7 +101,8 @@ def test_row_tail_goes_to_the_narrow_tile(heads, tokens, launches, kv_fp8):
     (64, 9, False, 0),   # 576 rows: nine whole blocks
     (8, 11, False, 0),   # 88 rows: 24 past one block, more than a block's tail takes: a second launch
     (8, 1, False, 0),    # decode: no wide tile
-    (8, 9, True, 0),     # fp8: the Gluon tile is bf16/fp16 only
+    (8, 9, True, 8),     # fp8: the Gluon fp8 tile (widened in shared memory) spreads it the same way
+    (16, 33, True, 2),
 ])
 def test_gluon_wide_tile_spreads_a_short_tail_over_its_blocks(heads, tokens, kv_fp8, fused):
     """Where prefix_hopper's kernel runs (plan.gluon), the rows past the whole wide blocks ride in
@@ -113,10 +114,13 @@ def test_gluon_wide_tile_spreads_a_short_tail_over_its_blocks(heads, tokens, kv_
     rows = heads * tokens
     assert fused_tail_rows(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=True) == fused
     assert fused_tail_rows(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=False) == 0
+    # An fp8 cache with separate V has no Gluon tile: prefix.py's wide fp8 tile and a tail launch.
+    assert fused_tail_rows(HOPPER, rows, kv_fp8=True, v_from_k=False, gluon=True) == 0
     launches = prefix_launches(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=True)
     if fused:
-        blocks = rows // HOPPER.prefix_wide.block_m
-        assert launches == ((HOPPER.prefix_wide, 0, blocks),)
+        wide = HOPPER.prefix_wide_fp8_gluon if kv_fp8 else HOPPER.prefix_wide
+        blocks = rows // wide.block_m
+        assert launches == ((wide, 0, blocks),)
         assert (blocks - 1) * (64 + fused) < rows <= blocks * (64 + fused)  # every row, no empty block
         assert fused <= HOPPER.gluon_tail_max_rows
     else:
@@ -143,11 +147,13 @@ def test_gluon_kernel_only_for_hopper_and_its_cache_layout():
     glm5 = dict(kv_fp8=False, v_from_k=True, d_v=512, d_rope=64)
     assert not gluon_supports(None, **glm5)  # no GPU
     assert not gluon_supports((12, 0), **glm5)  # sm_120: no wgmma
-    assert not gluon_supports((9, 0), **(glm5 | {"kv_fp8": True}))
     assert not gluon_supports((9, 0), **(glm5 | {"v_from_k": False}))
+    assert not gluon_supports((9, 0), **(glm5 | {"kv_fp8": True, "v_from_k": False}))
     assert not gluon_supports((9, 0), **(glm5 | {"d_rope": 32}))
     # under TRITON_INTERPRET (the CPU suite) nothing compiles, so it is never chosen there either
-    assert gluon_supports((9, 0), **glm5) == (not interpreting() and not prefix_hopper.unavailable_reason())
+    runs = not interpreting() and not prefix_hopper.unavailable_reason()
+    assert gluon_supports((9, 0), **glm5) == runs
+    assert gluon_supports((9, 0), **(glm5 | {"kv_fp8": True})) == runs  # widened to fp16 in shared memory
 
 
 @pytest.mark.parametrize("parts", [2, 17, 65, 129, 258, 513, 2000])
