@@ -35,8 +35,9 @@ class TileConfig:
     # feeding two differently laid out operands is loaded synchronously by Triton's pipeliner).
     keys_major: bool = False
     # The wide Hopper tile written in Gluon (prefix_hopper.py) instead of prefix.py's: taken on sm_90
-    # where the installed Triton runs it (prefix_hopper.TESTED_TRITON) and the cache is bf16/fp16 with
-    # V read from K, D_V 512, D_R 64; prefix.py's kernel runs the same tile everywhere else.
+    # where the installed Triton runs it (prefix_hopper.TESTED_TRITON) and V is read from K, D_V 512,
+    # D_R 64; prefix.py's kernel runs the same bf16 tile everywhere else (for fp8:
+    # VerifyConfig.prefix_wide_fp8_gluon, with prefix_wide_fp8 everywhere else).
     gluon: bool = False
 
 
@@ -70,8 +71,9 @@ class VerifyConfig:
     # or `prefix_fp8` for an fp8 cache: narrow_for) in a second launch when there are at most this
     # many, instead of in a mostly empty wide block.
     wide_tail_max_rows: int = 32
-    # A wide tile run by the Gluon kernel (TileConfig.gluon) takes a row tail of up to this many rows
-    # itself, in its last row block: the tail's queries and P fit the shared memory it has left.
+    # A wide tile run by the Gluon kernel (TileConfig.gluon) spreads the rows past its whole blocks over
+    # them, up to this many a block (launcher.fused_tail_rows): their queries and P fit the shared
+    # memory a block has left.
     gluon_tail_max_rows: int = 8
     # Prefetch each split's slot indices into L2 before its loop (PTX prefetch): the gather of
     # every key tile waits on them, so each iteration would otherwise wait for a DRAM trip.
@@ -93,7 +95,8 @@ class VerifyConfig:
         return self.narrow_for(kv_fp8=kv_fp8)
 
     def wide_for(self, *, kv_fp8: bool = False, v_from_k: bool = True, gluon: bool = False) -> TileConfig | None:
-        """The wide tile of this cache layout, if it has one (bf16 only with V read from K)."""
+        """The wide tile of this cache layout, if it has one (bf16 only with V read from K; `gluon`:
+        where prefix_hopper's kernel runs, which has its own fp8 tile)."""
         if kv_fp8:
             if gluon and v_from_k and self.prefix_wide_fp8_gluon is not None:
                 return self.prefix_wide_fp8_gluon

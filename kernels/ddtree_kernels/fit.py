@@ -133,9 +133,11 @@ def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int, 
         role = ",wide" if any(pc is w for w in (conf.prefix_wide, conf.prefix_wide_fp8)) else ""
         out.append(("prefix", f"kv={kv},v_from_k={v_from_k}{role}", sig, const, pc.num_warps, pc.num_stages,
                     pc.ctas_per_sm))
-    gluon_tiles = [(kv, wide) for kv, wide in (("bf16", conf.prefix_wide), ("fp8e4nv", conf.prefix_wide_fp8_gluon))
-                   if wide is not None and wide.gluon]
-    for kv, wide in gluon_tiles if not prefix_hopper.unavailable_reason() else ():
+    # prefix_hopper's tiles, where the installed Triton builds them (else the launcher never runs them).
+    gluon_tiles = [] if prefix_hopper.unavailable_reason() else [
+        (kv, wide) for kv, wide in (("bf16", conf.prefix_wide), ("fp8e4nv", conf.prefix_wide_fp8_gluon))
+        if wide is not None and wide.gluon]
+    for kv, wide in gluon_tiles:
         # Without and with a row tail in each block (the launcher's fused_tail_rows).
         for tail in sorted({0, prefix_hopper.tail_block(conf.gluon_tail_max_rows)}):
             const = dict(H=8, D_V=512, D_R=64, BLOCK_M=wide.block_m, BLOCK_N=wide.block_n,

@@ -149,10 +149,10 @@ def prefix_launches(config: VerifyConfig, rows: int, *, kv_fp8: bool, v_from_k: 
     return ((main, 0, (rows - tail) // main.block_m), (narrow, rows - tail, _cdiv(tail, narrow.block_m)))
 
 
-def gluon_supports(capability: tuple[int, int] | None, *, kv_fp8: bool, v_from_k: bool, d_v: int,
-                   d_rope: int) -> bool:
+def gluon_supports(capability: tuple[int, int] | None, *, v_from_k: bool, d_v: int, d_rope: int) -> bool:
     """prefix_hopper's kernel serves this call: a Hopper GPU (wgmma), a Triton that builds it, a
-    bf16/fp16 or fp8 cache with V read from K, D_V 512 and D_R 64, compiled (not interpreted)."""
+    cache of any dtype (bf16/fp16, or fp8 widened in shared memory) with V read from K, D_V 512 and
+    D_R 64, compiled (not interpreted)."""
     return (capability is not None and capability[0] == 9 and not interpreting()
             and not prefix_hopper.unavailable_reason() and v_from_k and d_v == 512 and d_rope == 64)
 
@@ -205,7 +205,7 @@ def plan_verify(
         )
     capability, sm_count = _device_facts(torch.device(device))
     config = config or config_for(capability)
-    gluon = gluon_supports(capability, kv_fp8=kv_fp8, v_from_k=v_from_k, d_v=d_v, d_rope=d_rope)
+    gluon = gluon_supports(capability, v_from_k=v_from_k, d_v=d_v, d_rope=d_rope)
     if num_splits is None:
         # A row-tail launch runs beside the main one (it launches as soon as every main program
         # has started), on the SMs the main programs leave free. Count each program as its share

@@ -339,13 +339,11 @@ if not _GLUON_ERROR:
         offs_m = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, O_LAYOUT))
         _store_part(O_part, LSE_part, acc, gl.convert_layout(gl.sum(l_acc, 1), gl.SliceLayout(1, O_LAYOUT)),
                     gl.convert_layout(m_i, gl.SliceLayout(1, O_LAYOUT)), v_scale, q_start * H + offs_m,
-                    offs_m < row_end,
-                    split, stride_or, stride_op, stride_lr, D_V, 0, O_LAYOUT)
+                    offs_m < row_end, split, stride_or, stride_op, stride_lr, D_V, 0, O_LAYOUT)
         if TAIL_N > 0:
             offs_t = first_row + BLOCK_M + gl.arange(0, TAIL_N, layout=gl.SliceLayout(0, ST_LAYOUT))
             _store_part(O_part, LSE_part, acc_t, gl.sum(lt_acc, 0), m_t, v_scale, q_start * H + offs_t,
-                        offs_t < row_end,
-                        split, stride_or, stride_op, stride_lr, D_V, 1, ST_LAYOUT)
+                        offs_t < row_end, split, stride_or, stride_op, stride_lr, D_V, 1, ST_LAYOUT)
 
     @gluon.jit
     def prefix_wide_hopper_kernel(

@@ -12,7 +12,7 @@ the split count [x 1: keys-major scores with the values gathered apart (TileConf
 a case is bs,L,H,n; a merge is a budget of output columns x parts per program (the launcher
 trades columns for parts); --wide adds a tile for requests of at least its rows,
 with a row tail of up to --tail-max rows on --tile in a second launch (under --fp8, the fp8 wide
-tile and its tail); --gluon-tail caps the row tail a Gluon wide tile takes in its own block. This is
+tile and its tail); --gluon-tail caps the rows a Gluon wide tile's blocks take past 64 each. This is
 how the shipped configs in configs.py were chosen (kernels/README.md, "Tuning notes").
 """
 
@@ -37,7 +37,7 @@ def time_config(case: Case, tile: TileConfig, device: str = "cuda", min_chunk: i
     """Median µs of one verify call in a replayed CUDA graph (pools rotated), and the split count.
     `tile` serves every request unless `wide` is given: then `wide` takes requests of at least its
     row count, and a row tail of up to `tail_max` rows goes to `tile` in a second launch (or, up to
-    `gluon_tail` rows, PORTABLE's by default, into a Gluon wide tile's last block)."""
+    `gluon_tail` rows a block, PORTABLE's by default, spread over a Gluon wide tile's blocks)."""
     cfg = dataclasses.replace(PORTABLE, prefix=tile, prefix_fp8=tile, prefix_wide=wide,
                               prefix_wide_fp8=wide if case.fp8 else None,
                               prefix_wide_fp8_gluon=wide if case.fp8 and wide and wide.gluon else None,
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --wide: row tails up to this many go to --tile in a second launch (repeat)")
     ap.add_argument("--splits", type=int, action="append", help="prefix splits instead of the planner's (repeat)")
     ap.add_argument("--gluon-tail", type=int, action="append",
-                    help="with a Gluon --wide tile: row tails up to this many run in its last block (repeat; 0: never)")
+                    help="with a Gluon --wide tile: tail rows each block takes past 64, at most (repeat; 0: never)")
     ap.add_argument("--no-pdl", action="store_true", help="also time without programmatic dependent launch")
     ap.add_argument("--merge", type=_merge, action="append", help="merge program: DxS columns x parts (repeat)")
     args = ap.parse_args(argv)
