@@ -168,7 +168,7 @@ if not _GLUON_ERROR:
         gl.store(LSE_part + rows.to(gl.int64) * stride_lr + split, lse, mask=row_ok)
 
     @gluon.jit
-    def _widen_tile(src, dst, ROWS: gl.constexpr, COLS: gl.constexpr, LAYOUT: gl.constexpr):
+    def _widen_tile(src, dst, ROWS: gl.constexpr, LAYOUT: gl.constexpr):
         """An 8-bit key tile in shared memory, converted to the dots' 16-bit dtype into `dst`
         (fp8 -> fp16 is one native convert), 16 rows at a time to bound the registers it takes."""
         for r in gl.static_range(0, ROWS, 16):
@@ -273,8 +273,8 @@ if not _GLUON_ERROR:
             if KV_FP8:
                 k_tile = k_smem.index(0)
                 r_tile = r_smem.index(0)
-                _widen_tile(g_nope.index(stage), k_tile, BLOCK_N, D_V, G_NOPE)
-                _widen_tile(g_rope.index(stage), r_tile, BLOCK_N, D_R, G_ROPE)
+                _widen_tile(g_nope.index(stage), k_tile, BLOCK_N, G_NOPE)
+                _widen_tile(g_rope.index(stage), r_tile, BLOCK_N, G_ROPE)
                 # Every warp has read this 8-bit stage (the gather below refills it) and written
                 # its share of the 16-bit tile (the wgmmas read it).
                 fence_async_shared()
