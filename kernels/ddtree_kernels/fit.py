@@ -137,15 +137,21 @@ def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int, 
     gluon_tiles = [] if prefix_hopper.unavailable_reason() else [
         (kv, wide) for kv, wide in (("bf16", conf.prefix_wide), ("fp8e4nv", conf.prefix_wide_fp8_gluon))
         if wide is not None and wide.gluon]
-    for kv, wide in gluon_tiles:
-        # Without and with a row tail in each block (the launcher's fused_tail_rows).
-        for tail in sorted({0, prefix_hopper.tail_block(conf.gluon_tail_max_rows)}):
-            const = dict(H=8, D_V=512, D_R=64, BLOCK_M=wide.block_m, BLOCK_N=wide.block_n,
-                         NUM_STAGES=wide.num_stages, TAIL_N=tail, KV_FP8=kv != "bf16", SCALE_FROM_PTR=False,
-                         USE_PDL=True, num_warps=wide.num_warps)
-            sig = {k: ("*" + kv if v == "*KV" else v) for k, v in _GLUON_SIG.items()}
-            out.append(("prefix_gluon", f"kv={kv},v_from_k=True,wide,tail={tail}", sig, const,
-                        wide.num_warps, 1, wide.ctas_per_sm))
+    narrow_tiles = [] if prefix_hopper.unavailable_reason() else [
+        (kv, tile) for kv, tile in (("bf16", conf.prefix_narrow_gluon), ("fp8e4nv", conf.prefix_narrow_fp8_gluon))
+        if tile is not None]
+    # (cache dtype, tile, BLOCK_M, TAIL_N, role): a wide tile without and with a row tail in each block
+    # (the launcher's fused_tail_rows), a keys-major tile with its rows as wgmma's N (VerifyPlan.gluon_rows).
+    gluon_forms = [(kv, wide, wide.block_m, tail, f"wide,tail={tail}") for kv, wide in gluon_tiles
+                   for tail in sorted({0, prefix_hopper.tail_block(conf.gluon_tail_max_rows)})]
+    gluon_forms += [(kv, tile, 0, prefix_hopper.tail_block(tile.block_m), f"narrow,rows={tile.block_m}")
+                    for kv, tile in narrow_tiles]
+    for kv, tile, block_m, tail, role in gluon_forms:
+        const = dict(H=8, D_V=512, D_R=64, BLOCK_M=block_m, BLOCK_N=tile.block_n, NUM_STAGES=tile.num_stages,
+                     TAIL_N=tail, KV_FP8=kv != "bf16", SCALE_FROM_PTR=False, USE_PDL=True, num_warps=tile.num_warps)
+        sig = {k: ("*" + kv if v == "*KV" else v) for k, v in _GLUON_SIG.items()}
+        out.append(("prefix_gluon", f"kv={kv},v_from_k=True,{role}", sig, const, tile.num_warps, 1,
+                    tile.ctas_per_sm))
     for mode, name in ((1, "sglang_flat"), (0, "chain"), (2, "compact")):
         const = dict(dims, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, MASK_MODE=mode, DOT_FP32=False, USE_PDL=True)
         out.append(("tree", f"mask={name}", dict(_TREE_SIG), const, tc.num_warps, tc.num_stages, 0))

@@ -90,6 +90,15 @@ class VerifyPlan:
         return prefix_hopper.tail_block(self.gluon_tail_rows)
 
     @cached_property
+    def gluon_rows(self) -> tuple[int, int, int]:
+        """(BLOCK_M, TAIL_N, rows a block owns) of prefix_hopper's kernel on this plan's main tile. A
+        keys-major tile has no 64-row block: all its rows are wgmma's N (TAIL_N)."""
+        tile = self.prefix_tile
+        if tile.keys_major:
+            return 0, prefix_hopper.tail_block(tile.block_m), tile.block_m
+        return tile.block_m, self.gluon_tail_block, tile.block_m + self.gluon_tail_rows
+
+    @cached_property
     def head_blocks(self) -> tuple[int, int]:
         """(BLOCK_DV, BLOCK_DR): the value and rope widths padded to powers of two."""
         return _pow2_at_least(self.d_v), _pow2_at_least(self.d_rope)
@@ -127,7 +136,7 @@ def fused_tail_rows(config: VerifyConfig, rows: int, *, kv_fp8: bool, v_from_k: 
     a block: GLM-5's 72 rows are one block of 64 + 8, 144 two of 72, 264 four of 66.
     """
     main = config.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon)
-    if not (gluon and main.gluon) or main.block_n != 64 or rows < main.block_m:  # prefix_hopper's static asserts
+    if not (gluon and main.gluon) or main.keys_major or main.block_n != 64 or rows < main.block_m:
         return 0
     blocks = rows // main.block_m
     per_block = _cdiv(rows - blocks * main.block_m, blocks)
@@ -371,12 +380,13 @@ def run_verify(
     # The row tail (if any) runs beside the main launch: plan_verify sizes both grids to one wave.
     for pc, row_base, row_blocks in plan.prefix_launches():
         if pc.gluon and plan.gluon:
+            block_m, tail_n, row_stride = plan.gluon_rows
             prefix_hopper.prefix_wide_hopper_kernel[(row_blocks, plan.num_splits, plan.batch_size)](
                 q, k_buf, kv_indices, qo_indptr, kv_indptr, o_part, lse_part,
-                k_s, v_s, qk_scale_log2, conf.min_chunk, row_base, pc.block_m + plan.gluon_tail_rows,
+                k_s, v_s, qk_scale_log2, conf.min_chunk, row_base, row_stride,
                 q.stride(0), q.stride(1), k_buf.stride(0), *part_strides,
-                H=H, D_V=d_v, D_R=d_r, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n, NUM_STAGES=pc.num_stages,
-                TAIL_N=plan.gluon_tail_block, KV_FP8=kv_fp8, SCALE_FROM_PTR=scale_from_ptr, USE_PDL=pdl,
+                H=H, D_V=d_v, D_R=d_r, BLOCK_M=block_m, BLOCK_N=pc.block_n, NUM_STAGES=pc.num_stages,
+                TAIL_N=tail_n, KV_FP8=kv_fp8, SCALE_FROM_PTR=scale_from_ptr, USE_PDL=pdl,
                 num_warps=pc.num_warps, launch_pdl=pdl,
             )
             continue

@@ -24,6 +24,9 @@ out of the compiler's hands:
 - An fp8 cache (KV_FP8) is gathered into 8-bit stages and each tile widened once into one
   fp16 tile that all the wgmmas read (the queries are fp16 too, as in prefix.py's fp8 tiles);
   the 8-bit stage is free after the widening, so its gather runs NUM_STAGES tiles ahead.
+- With BLOCK_M 0 there is no 64-row block: a request of at most TAIL_N rows (decode: 8) runs
+  the keys-major form alone, on one warpgroup or two, so a few rows do not pay for 64 on the
+  tensor cores (configs: prefix_narrow_gluon).
 
 Same grid and partial outputs as `prefix_split_kernel` (merge.py combines them), for a
 bf16/fp16/fp8 cache whose values are the keys' first D_V columns, D_V = 512 and D_R = 64
@@ -182,10 +185,11 @@ if not _GLUON_ERROR:
         stride_qt, stride_qh, stride_ks, stride_or, stride_op, stride_lr,
         H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_N: gl.constexpr,
-        KV_FP8: gl.constexpr,
+        KV_FP8: gl.constexpr, WARPS: gl.constexpr,
     ):
         """Rows first_row .. first_row + BLOCK_M (and, if TAIL_N, the up to TAIL_N rows after them),
-        those before row_end, against keys lo .. hi: write their parts for this split."""
+        those before row_end, against keys lo .. hi: write their parts for this split. WARPS is the
+        program's warps: 8 with a row block, 4 or 8 for the keys-major rows alone (BLOCK_M 0)."""
         # Scores: [BLOCK_M, BLOCK_N] on warps [4, 2]: warpgroup g scores keys g * BLOCK_N / 2 ...
         S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                            instr_shape=[16, BLOCK_N // 2, 16])
@@ -194,18 +198,18 @@ if not _GLUON_ERROR:
                                                            instr_shape=[16, D_V // 2, 16])
         # Query loads: 16-byte vectors of 16-bit values, a row's D_V columns across 16 threads.
         NOPE_LAYOUT: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
-                                                     warps_per_cta=[8, 1], order=[1, 0])
+                                                     warps_per_cta=[WARPS, 1], order=[1, 0])
         ROPE_LAYOUT: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
-                                                     warps_per_cta=[8, 1], order=[1, 0])
+                                                     warps_per_cta=[WARPS, 1], order=[1, 0])
         if KV_FP8:
             # 8-bit rows: 16-byte vectors of 16 values, a row's D_V columns across a warp. The dots
             # run in fp16 (as prefix.py's fp8 tiles): each gathered tile is widened once into a
             # 16-bit tile that both wgmmas read, so the 8-bit stages are free one step sooner and
             # the gather runs NUM_STAGES tiles ahead instead of NUM_STAGES - 1.
             G_NOPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[1, 32],
-                                                    warps_per_cta=[8, 1], order=[1, 0])
+                                                    warps_per_cta=[WARPS, 1], order=[1, 0])
             G_ROPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[8, 4],
-                                                    warps_per_cta=[8, 1], order=[1, 0])
+                                                    warps_per_cta=[WARPS, 1], order=[1, 0])
             dtype: gl.constexpr = gl.float16
             AHEAD: gl.constexpr = NUM_STAGES
         else:
@@ -235,21 +239,22 @@ if not _GLUON_ERROR:
         # otherwise wait for a dependent global load every iteration.
         slot_n, slot_r = _tile_slots(kv_indices, kv_base, lo + AHEAD * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
 
-        qn_smem = _load_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, 0, BLOCK_M, D_V, H, NOPE_LAYOUT,
-                                gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_V], dtype), dtype)
-        qr_smem = _load_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, D_V, BLOCK_M, D_R, H, ROPE_LAYOUT,
-                                gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_R], dtype), dtype)
-        acc = gl.zeros([BLOCK_M, D_V], gl.float32, O_LAYOUT)
-        l_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT)
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, S_LAYOUT))
-        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT)
-        offs_sn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+        if BLOCK_M > 0:
+            qn_smem = _load_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, 0, BLOCK_M, D_V, H,
+                                    NOPE_LAYOUT, gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_V], dtype), dtype)
+            qr_smem = _load_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, D_V, BLOCK_M, D_R, H,
+                                    ROPE_LAYOUT, gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_R], dtype), dtype)
+            acc = gl.zeros([BLOCK_M, D_V], gl.float32, O_LAYOUT)
+            l_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT)
+            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, S_LAYOUT))
+            s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT)
+            offs_sn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
 
         if TAIL_N > 0:
             # The row tail, keys-major so that its few rows are wgmma's N: scores [BLOCK_N, TAIL_N]
-            # (repeated by both warpgroups) and output [D_V, TAIL_N] (each warpgroup half the columns),
-            # on the same key tiles. P goes through shared memory: wgmma's B operand.
-            ST_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+            # (repeated by a second warpgroup, if any) and output [D_V, TAIL_N] (each warpgroup its
+            # share of the columns), on the same key tiles. P goes through shared memory: wgmma's B operand.
+            ST_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                                 instr_shape=[16, TAIL_N, 16])
             PT_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TAIL_N, BLOCK_N], dtype)
             tn_smem = _load_queries(Q, q_start, first_row + BLOCK_M, row_end, stride_qt, stride_qh, 0, TAIL_N, D_V, H,
@@ -284,8 +289,9 @@ if not _GLUON_ERROR:
                 k_tile = k_smem.index(stage)
                 r_tile = r_smem.index(stage)
             z = _opaque_zero()
-            s = warpgroup_mma(qn_smem.index(z), k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s = warpgroup_mma(qr_smem.index(z), r_tile.permute((1, 0)), s, is_async=True)
+            if BLOCK_M > 0:
+                s = warpgroup_mma(qn_smem.index(z), k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                s = warpgroup_mma(qr_smem.index(z), r_tile.permute((1, 0)), s, is_async=True)
             if TAIL_N > 0:
                 st = warpgroup_mma(k_tile, tn_smem.index(z).permute((1, 0)), st_zero, use_acc=False, is_async=True)
                 st = warpgroup_mma(r_tile, tr_smem.index(z).permute((1, 0)), st, is_async=True)
@@ -297,29 +303,32 @@ if not _GLUON_ERROR:
             _gather_tile(g_nope.index(free), g_rope.index(free), slot_n, slot_r, K_buf, ahead, hi, stride_ks,
                          D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
             slot_n, slot_r = _tile_slots(kv_indices, kv_base, ahead + BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
+            if BLOCK_M > 0:
+                if TAIL_N > 0:
+                    s, st = warpgroup_mma_wait(num_outstanding=0, deps=(s, st))
+                else:
+                    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+                # Row maxima across both warpgroups' keys (through shared memory); sums per element.
+                s = gl.where((lo + i * BLOCK_N + offs_sn < hi)[None, :], s * qk_scale_log2, float("-inf"))
+                m_new, m_safe, alpha = _raise_running_max(m_i, gl.max(s, 1))
+                p = gl.exp2(s - m_safe[:, None])
+                l_acc = l_acc * alpha[:, None] + p
+                m_i = m_new
+                # Both warpgroups' values need all of P: it goes to shared memory, into this stage's
+                # rope buffer ([BLOCK_N, D_R], the shape of P), which no wgmma reads any more once
+                # every warp has waited for its scores (the barrier). That costs no shared memory:
+                # GLM-5's block uses 231,936 of the 232,448 bytes.
+                _cta_barrier()
+                r_tile.store(p.to(dtype))
+                fence_async_shared()
+                _cta_barrier()
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+                acc = warpgroup_mma(r_tile, k_tile, acc, is_async=True)
+            elif TAIL_N > 0:
+                st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
             if TAIL_N > 0:
-                s, st = warpgroup_mma_wait(num_outstanding=0, deps=(s, st))
-            else:
-                s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-            # Row maxima across both warpgroups' keys (through shared memory); sums per element.
-            s = gl.where((lo + i * BLOCK_N + offs_sn < hi)[None, :], s * qk_scale_log2, float("-inf"))
-            m_new, m_safe, alpha = _raise_running_max(m_i, gl.max(s, 1))
-            p = gl.exp2(s - m_safe[:, None])
-            l_acc = l_acc * alpha[:, None] + p
-            m_i = m_new
-            # Both warpgroups' values need all of P: it goes to shared memory, into this stage's
-            # rope buffer ([BLOCK_N, D_R], the shape of P), which no wgmma reads any more once
-            # every warp has waited for its scores (the barrier). That costs no shared memory:
-            # GLM-5's block uses 231,936 of the 232,448 bytes.
-            _cta_barrier()
-            r_tile.store(p.to(dtype))
-            fence_async_shared()
-            _cta_barrier()
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
-            acc = warpgroup_mma(r_tile, k_tile, acc, is_async=True)
-            if TAIL_N > 0:
-                # The tail's softmax while the tensor cores run the block's values. Its row maxima
-                # span the warps (keys are its rows here); its sums stay per element until the end.
+                # The tail's softmax (while the tensor cores run the block's values, if any). Its row
+                # maxima span the warps (keys are its rows here); its sums stay per element until the end.
                 st = gl.where((lo + i * BLOCK_N + offs_tn < hi)[:, None], st * qk_scale_log2, float("-inf"))
                 mt_new, mt_safe, alpha_t = _raise_running_max(m_t, gl.max(st, 0))
                 pt = gl.exp2(st - mt_safe[None, :])
@@ -331,15 +340,19 @@ if not _GLUON_ERROR:
                 _cta_barrier()
                 acc_t = acc_t * alpha_t[None, :]
                 acc_t = warpgroup_mma(k_tile.permute((1, 0)), pt_smem.permute((1, 0)), acc_t, is_async=True)
+            if BLOCK_M > 0 and TAIL_N > 0:
                 acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
-            else:
+            elif BLOCK_M > 0:
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            else:
+                acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t,))
         async_copy.wait_group(0)
 
-        offs_m = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, O_LAYOUT))
-        _store_part(O_part, LSE_part, acc, gl.convert_layout(gl.sum(l_acc, 1), gl.SliceLayout(1, O_LAYOUT)),
-                    gl.convert_layout(m_i, gl.SliceLayout(1, O_LAYOUT)), v_scale, q_start * H + offs_m,
-                    offs_m < row_end, split, stride_or, stride_op, stride_lr, D_V, 0, O_LAYOUT)
+        if BLOCK_M > 0:
+            offs_m = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, O_LAYOUT))
+            _store_part(O_part, LSE_part, acc, gl.convert_layout(gl.sum(l_acc, 1), gl.SliceLayout(1, O_LAYOUT)),
+                        gl.convert_layout(m_i, gl.SliceLayout(1, O_LAYOUT)), v_scale, q_start * H + offs_m,
+                        offs_m < row_end, split, stride_or, stride_op, stride_lr, D_V, 0, O_LAYOUT)
         if TAIL_N > 0:
             offs_t = first_row + BLOCK_M + gl.arange(0, TAIL_N, layout=gl.SliceLayout(0, ST_LAYOUT))
             _store_part(O_part, LSE_part, acc_t, gl.sum(lt_acc, 0), m_t, v_scale, q_start * H + offs_t,
@@ -356,9 +369,12 @@ if not _GLUON_ERROR:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_N: gl.constexpr,
         KV_FP8: gl.constexpr, SCALE_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
     ):
-        gl.static_assert(num_warps == 8, "two warpgroups: one per half of the value columns")
-        gl.static_assert(BLOCK_M == 64 and BLOCK_N == 64 and D_R == 64,
-                         "one wgmma row block; P ([BLOCK_M, BLOCK_N]) reuses a [BLOCK_N, D_R] rope buffer")
+        gl.static_assert(num_warps == 8 or (BLOCK_M == 0 and num_warps == 4),
+                         "two warpgroups, one per half of the value columns (keys-major rows only: one or two)")
+        gl.static_assert((BLOCK_M == 64 or (BLOCK_M == 0 and TAIL_N > 0)) and BLOCK_N == 64 and D_R == 64,
+                         "one wgmma row block (or none: keys-major rows only); P ([BLOCK_M, BLOCK_N]) reuses a "
+                         "[BLOCK_N, D_R] rope buffer")
+        gl.static_assert(BLOCK_M + TAIL_N <= 128, "an empty chunk marks at most 128 rows")
         if USE_PDL:
             _grid_dependency(False)
         row_block = gl.program_id(0)
@@ -390,18 +406,23 @@ if not _GLUON_ERROR:
             if lo >= hi:
                 # An empty chunk: LSE -inf for this block's rows, its tail's included.
                 LSE_LAYOUT: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-                offs = first_row + gl.arange(0, 2 * BLOCK_M, layout=LSE_LAYOUT)
+                offs = first_row + gl.arange(0, 128, layout=LSE_LAYOUT)
                 gl.store(LSE_part + (q_start * H + offs).to(gl.int64) * stride_lr + split,
-                         gl.full([2 * BLOCK_M], float("-inf"), gl.float32, LSE_LAYOUT), mask=offs < row_end)
+                         gl.full([128], float("-inf"), gl.float32, LSE_LAYOUT), mask=offs < row_end)
+            elif BLOCK_M == 0:  # a constexpr: keys-major rows only (requests of a few rows, e.g. decode)
+                _attend_chunk(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale, q_start, row_end,
+                              kv_start, lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or,
+                              stride_op, stride_lr, H, D_V, D_R, 0, BLOCK_N, NUM_STAGES, TAIL_N, KV_FP8, num_warps)
             elif TAIL_N > 0 and row_end > first_row + BLOCK_M:  # TAIL_N is a constexpr: with 0 the tail
                 # form is not even compiled. Rows past row_end are masked, the tail's and the block's.
                 _attend_chunk(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale, q_start, row_end,
                               kv_start, lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or,
-                              stride_op, stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_N, KV_FP8)
+                              stride_op, stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_N, KV_FP8,
+                              num_warps)
             else:
                 _attend_chunk(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale, q_start, row_end,
                               kv_start, lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or,
-                              stride_op, stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES, 0, KV_FP8)
+                              stride_op, stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES, 0, KV_FP8, num_warps)
         if USE_PDL:
             # As in prefix_split_kernel: complete only after the launch this one depends on.
             _grid_dependency(True)

@@ -5,6 +5,7 @@
     python -m ddtree_kernels.sweep --tile 16x32x4x3x2 --wide 64x64x8x2x1 --tail-max 32 --case 1,185000,8,9 --splits 86
     python -m ddtree_kernels.sweep --tile 16x32x4x3x2 --wide 64x64x8x2x1x0x1 --tail-max 32 \
         --gluon-tail 8 --gluon-tail 0 --case 1,185000,8,9
+    python -m ddtree_kernels.sweep --tile 16x32x4x3x2 --gluon-narrow 8x64x8x3 --case 1,185000,8,1
 
 A tile is BLOCK_M x BLOCK_N x warps x stages [x programs resident per SM, default 2: it sets
 the split count [x 1: keys-major scores with the values gathered apart (TileConfig.keys_major)
@@ -12,7 +13,8 @@ the split count [x 1: keys-major scores with the values gathered apart (TileConf
 a case is bs,L,H,n; a merge is a budget of output columns x parts per program (the launcher
 trades columns for parts); --wide adds a tile for requests of at least its rows,
 with a row tail of up to --tail-max rows on --tile in a second launch (under --fp8, the fp8 wide
-tile and its tail); --gluon-tail caps the rows a Gluon wide tile's blocks take past 64 each. This is
+tile and its tail); --gluon-tail caps the rows a Gluon wide tile's blocks take past 64 each;
+--gluon-narrow gives requests of at most its rows prefix_hopper's keys-major tile. This is
 how the shipped configs in configs.py were chosen (kernels/README.md, "Tuning notes").
 """
 
@@ -33,17 +35,20 @@ from .launcher import Workspace, plan_verify
 def time_config(case: Case, tile: TileConfig, device: str = "cuda", min_chunk: int | None = None,
                 merge: tuple[int, int] | None = None, prefetch_slots: bool = True,
                 pdl: bool = True, wide: TileConfig | None = None, tail_max: int = 0,
-                splits: int | None = None, gluon_tail: int | None = None) -> tuple[float, int]:
+                splits: int | None = None, gluon_tail: int | None = None,
+                gluon_narrow: TileConfig | None = None) -> tuple[float, int]:
     """Median µs of one verify call in a replayed CUDA graph (pools rotated), and the split count.
     `tile` serves every request unless `wide` is given: then `wide` takes requests of at least its
     row count, and a row tail of up to `tail_max` rows goes to `tile` in a second launch (or, up to
-    `gluon_tail` rows a block, PORTABLE's by default, spread over a Gluon wide tile's blocks)."""
+    `gluon_tail` rows a block, PORTABLE's by default, spread over a Gluon wide tile's blocks).
+    `gluon_narrow` takes requests of at most its rows where prefix_hopper's kernel runs."""
     cfg = dataclasses.replace(PORTABLE, prefix=tile, prefix_fp8=tile, prefix_wide=wide,
                               prefix_wide_fp8=wide if case.fp8 else None,
                               prefix_wide_fp8_gluon=wide if case.fp8 and wide and wide.gluon else None,
                               wide_min_rows=wide.block_m if wide else 0, wide_tail_max_rows=tail_max,
                               min_chunk=min_chunk or PORTABLE.min_chunk, prefetch_slots=prefetch_slots, pdl=pdl,
-                              gluon_tail_max_rows=PORTABLE.gluon_tail_max_rows if gluon_tail is None else gluon_tail)
+                              gluon_tail_max_rows=PORTABLE.gluon_tail_max_rows if gluon_tail is None else gluon_tail,
+                              prefix_narrow_gluon=gluon_narrow, prefix_narrow_fp8_gluon=gluon_narrow)
     if merge:
         cfg = dataclasses.replace(cfg, merge_block_d=merge[0], merge_block_s=merge[1])
     p = Problem(case, device)
@@ -83,9 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--splits", type=int, action="append", help="prefix splits instead of the planner's (repeat)")
     ap.add_argument("--gluon-tail", type=int, action="append",
                     help="with a Gluon --wide tile: tail rows each block takes past 64, at most (repeat; 0: never)")
+    ap.add_argument("--gluon-narrow", type=_tile,
+                    help="MxNxWARPSxSTAGES: prefix_hopper's keys-major tile for requests of at most M rows")
     ap.add_argument("--no-pdl", action="store_true", help="also time without programmatic dependent launch")
     ap.add_argument("--merge", type=_merge, action="append", help="merge program: DxS columns x parts (repeat)")
     args = ap.parse_args(argv)
+    narrow = (dataclasses.replace(args.gluon_narrow, ctas_per_sm=1, keys_major=True, gluon=True)
+              if args.gluon_narrow else None)
     copy, mm = ceilings("cuda")
     print(f"{torch.cuda.get_device_name()}: copy {copy:.0f} GB/s, matmul {mm:.0f} TFLOP/s, Triton {triton.__version__}")
     for spec in args.case:
@@ -98,13 +107,15 @@ def main(argv: list[str] | None = None) -> int:
         for tile, chunk, merge, prefetch, pdl, tail, splits, gluon_tail in runs:
             try:
                 us, splits = time_config(case, tile, min_chunk=chunk, merge=merge, prefetch_slots=prefetch, pdl=pdl,
-                                         wide=args.wide, tail_max=tail, splits=splits, gluon_tail=gluon_tail)
+                                         wide=args.wide, tail_max=tail, splits=splits, gluon_tail=gluon_tail,
+                                         gluon_narrow=narrow)
                 merge = merge or (PORTABLE.merge_block_d, PORTABLE.merge_block_s)
                 print(f"{case.label:26} {_label(tile):<13} chunk {chunk or PORTABLE.min_chunk:<5} "
                       f"merge {merge[0]}x{merge[1]:<4}"
                       f"{'' if prefetch else ' no-prefetch'}{'' if pdl else ' no-pdl'}"
                       f"{f' wide {_label(args.wide)} tail<={tail}' if args.wide else ''}"
                       f"{f' fused<={gluon_tail}' if gluon_tail is not None else ''}"
+                      f"{f' narrow {_label(narrow)}' if narrow else ''}"
                       f"{us:9.1f} µs  {case.kv_bytes() / us / 1e3:6.0f} GB/s  {floor / us:5.1%} of floor  "
                       f"splits {splits}", flush=True)
             except Exception as exc:  # a tile that does not compile or fit is a result, not a crash

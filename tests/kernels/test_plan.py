@@ -100,7 +100,7 @@ def test_row_tail_goes_to_the_narrow_tile(heads, tokens, launches, kv_fp8):
     (8, 8, False, 0),    # 64 rows: no tail
     (64, 9, False, 0),   # 576 rows: nine whole blocks
     (8, 11, False, 0),   # 88 rows: 24 past one block, more than a block's tail takes: a second launch
-    (8, 1, False, 0),    # decode: no wide tile
+    (8, 1, False, 0),    # decode: no wide tile (the keys-major tile: test_gluon_keys_major_tile_...)
     (8, 9, True, 8),     # fp8: the Gluon fp8 tile (widened in shared memory) spreads it the same way
     (16, 33, True, 2),
 ])
@@ -123,8 +123,33 @@ def test_gluon_wide_tile_spreads_a_short_tail_over_its_blocks(heads, tokens, kv_
         assert launches == ((wide, 0, blocks),)
         assert (blocks - 1) * (64 + fused) < rows <= blocks * (64 + fused)  # every row, no empty block
         assert fused <= HOPPER.gluon_tail_max_rows
-    else:
+    elif rows > HOPPER.prefix_narrow_gluon.block_m:
         assert launches == prefix_launches(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=False)
+
+
+@pytest.mark.parametrize("heads,tokens,kv_fp8", [(8, 1, False), (8, 1, True), (4, 2, False), (2, 3, True),
+                                                 (1, 1, False)])
+def test_gluon_keys_major_tile_takes_requests_of_a_few_rows(heads, tokens, kv_fp8):
+    """Where prefix_hopper's kernel runs, a request of at most 8 rows (decode) takes its keys-major tile:
+    one launch, one block a request, no 64-row block (BLOCK_M 0) and its rows as wgmma's N (TAIL_N 8)."""
+    from ddtree_kernels.configs import HOPPER
+    from ddtree_kernels.launcher import VerifyPlan, fused_tail_rows, prefix_launches
+
+    rows = heads * tokens
+    narrow = HOPPER.prefix_narrow_fp8_gluon if kv_fp8 else HOPPER.prefix_narrow_gluon
+    assert narrow.gluon and narrow.keys_major and rows <= narrow.block_m
+    assert HOPPER.prefix_for(rows, kv_fp8=kv_fp8, gluon=True) is narrow
+    assert prefix_launches(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=True) == ((narrow, 0, 1),)
+    assert fused_tail_rows(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=True) == 0
+    plan = VerifyPlan(1, heads, tokens, tokens, 512, 64, 132, HOPPER, kv_fp8=kv_fp8, pdl=True, gluon=True)
+    assert plan.gluon_rows == (0, 8, narrow.block_m)
+    # Without the Gluon kernel, with V apart, or with one row more: prefix.py's tiles, as before.
+    assert not HOPPER.prefix_for(rows, kv_fp8=kv_fp8, gluon=False).gluon
+    assert not HOPPER.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=False, gluon=True).gluon
+    assert HOPPER.prefix_for(narrow.block_m + 1, kv_fp8=kv_fp8, gluon=True) is HOPPER.narrow_for(kv_fp8=kv_fp8)
+    # The wide tile's rows, for comparison: GLM-5's 72 are one block of 64 + an 8-row tail.
+    glm5 = VerifyPlan(1, 8, 9, 9, 512, 64, 132, HOPPER, kv_fp8=kv_fp8, pdl=True, gluon=True)
+    assert glm5.gluon_rows == (64, 8, 72)
 
 
 @pytest.mark.parametrize("version,runs", [("3.5.1", False), ("3.6.0", True), ("3.9.0", True),
