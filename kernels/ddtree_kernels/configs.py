@@ -66,9 +66,9 @@ class VerifyConfig:
     # takes this wide tile instead: each 8-bit key tile widened once into a 16-bit one that both
     # wgmmas read. prefix_wide_fp8 stays the tile everywhere else (older or newer Triton, separate V).
     prefix_wide_fp8_gluon: TileConfig | None = None
-    # Where prefix_hopper's Gluon kernel runs, requests of at most block_m rows (decode: 8) take its
-    # keys-major form (TileConfig.keys_major on a Gluon tile): no 64-row block, the rows are wgmma's N,
-    # so a few rows do not pay for 64 on the tensor cores. One tile per cache dtype (V read from K).
+    # Where prefix_hopper's Gluon kernel runs, requests of at most block_m rows (decode at 8 or 16 heads)
+    # take its keys-major form (TileConfig.keys_major on a Gluon tile): no 64-row block, the rows are
+    # wgmma's N, so a few rows do not pay for 64 on the tensor cores. One tile per cache dtype (V in K).
     prefix_narrow_gluon: TileConfig | None = None
     prefix_narrow_fp8_gluon: TileConfig | None = None
     wide_min_rows: int = 64
@@ -167,8 +167,9 @@ PORTABLE = VerifyConfig(
 # the whole blocks spread over all of them: 185k H8 n9 153 -> 110 µs, 185k H16 n9 275 -> 186, H8 n33
 # 467 -> 352. An fp8 cache with V in K takes the Gluon tile too (prefix_wide_fp8_gluon), each 8-bit
 # tile widened once in shared memory: 185k H8 n9 fp8 267 -> 132 µs, 185k H16 n9 fp8 418 -> 232.
-# Session 9: requests of at most 8 rows (decode) take the Gluon kernel's keys-major form, one warpgroup:
-# 185k H8 n1 69.6 -> 61.7 µs, bs4 226.5 -> 212.7, fp8 98.3 -> 67.2 (8 warps: 65.1, 222.5, 76.3). Merge
+# Session 9: requests of at most 16 rows take the Gluon kernel's keys-major form on one warpgroup:
+# 185k H8 n1 69.6 -> 61.7 µs, bs4 226.5 -> 212.7, fp8 98.3 -> 67.2 (8 warps: 65.1, 222.5, 76.3); 185k
+# H16 n1 70.4 -> 64.3, fp8 96.7 -> 73.4 (N 32 would need 254 registers, and spills for fp8). Merge
 # programs read up to 8,192 partial values a step (32 x 256; 4,096 before): 1-3% on every verify shape.
 HOPPER = dataclasses.replace(
     PORTABLE,
@@ -177,9 +178,9 @@ HOPPER = dataclasses.replace(
     prefix_wide=TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1, gluon=True),
     prefix_wide_fp8=TileConfig(block_m=64, block_n=32, num_warps=8, num_stages=2, ctas_per_sm=1, keys_major=True),
     prefix_wide_fp8_gluon=TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1, gluon=True),
-    prefix_narrow_gluon=TileConfig(block_m=8, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=1, keys_major=True,
+    prefix_narrow_gluon=TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=1, keys_major=True,
                                    gluon=True),
-    prefix_narrow_fp8_gluon=TileConfig(block_m=8, block_n=64, num_warps=4, num_stages=3, ctas_per_sm=1,
+    prefix_narrow_fp8_gluon=TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=3, ctas_per_sm=1,
                                        keys_major=True, gluon=True),
     merge_block_s=256,
 )

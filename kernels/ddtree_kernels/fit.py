@@ -144,8 +144,8 @@ def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int, 
     # (the launcher's fused_tail_rows), a keys-major tile with its rows as wgmma's N (VerifyPlan.gluon_rows).
     gluon_forms = [(kv, wide, wide.block_m, tail, f"wide,tail={tail}") for kv, wide in gluon_tiles
                    for tail in sorted({0, prefix_hopper.tail_block(conf.gluon_tail_max_rows)})]
-    gluon_forms += [(kv, tile, 0, prefix_hopper.tail_block(tile.block_m), f"narrow,rows={tile.block_m}")
-                    for kv, tile in narrow_tiles]
+    gluon_forms += [(kv, tile, 0, n, f"narrow,rows={n}") for kv, tile in narrow_tiles  # its least and most rows
+                    for n in sorted({prefix_hopper.keys_major_block(1), prefix_hopper.keys_major_block(tile.block_m)})]
     for kv, tile, block_m, tail, role in gluon_forms:
         const = dict(H=8, D_V=512, D_R=64, BLOCK_M=block_m, BLOCK_N=tile.block_n, NUM_STAGES=tile.num_stages,
                      TAIL_N=tail, KV_FP8=kv != "bf16", SCALE_FROM_PTR=False, USE_PDL=True, num_warps=tile.num_warps)

@@ -92,10 +92,12 @@ class VerifyPlan:
     @cached_property
     def gluon_rows(self) -> tuple[int, int, int]:
         """(BLOCK_M, TAIL_N, rows a block owns) of prefix_hopper's kernel on this plan's main tile. A
-        keys-major tile has no 64-row block: all its rows are wgmma's N (TAIL_N)."""
+        keys-major tile has no 64-row block: a request's rows (at most its block_m) are wgmma's N (TAIL_N,
+        a power of two from 8), so decode's 8 rows do not pay for a tile sized for more."""
         tile = self.prefix_tile
         if tile.keys_major:
-            return 0, prefix_hopper.tail_block(tile.block_m), tile.block_m
+            rows = min(self.max_draft_tokens * self.num_heads, tile.block_m)  # one block a request
+            return 0, prefix_hopper.keys_major_block(rows), rows
         return tile.block_m, self.gluon_tail_block, tile.block_m + self.gluon_tail_rows
 
     @cached_property

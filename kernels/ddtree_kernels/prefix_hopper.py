@@ -1,4 +1,4 @@
-"""The wide prefix tile for Hopper, written in Gluon: 64 rows, wgmma, explicit gather pipeline.
+"""Hopper's prefix tiles, written in Gluon: 64 rows (or a few, keys-major), wgmma, explicit gather pipeline.
 
 `prefix.py`'s tile, written with `tl.dot`, leaves the GLM-5 shape at ~30% of its floor on
 the H200: Triton splits the 64 x BLOCK_N scores across the two warpgroups, so every key
@@ -66,6 +66,12 @@ def _minor_version(version: str) -> tuple[int, int]:
 def tail_block(tail_rows: int) -> int:
     """TAIL_N for a fused row tail of this many rows: its rows are wgmma's N, a multiple of 8 (0: none)."""
     return -(-tail_rows // 8) * 8
+
+
+def keys_major_block(rows: int) -> int:
+    """TAIL_N for a request of this many rows on the keys-major form alone (BLOCK_M 0): wgmma's N, and the
+    extent of the kernel's row ranges, so a power of two, at least 8."""
+    return max(8, 1 << (max(rows, 1) - 1).bit_length())
 
 
 def unavailable_reason(version: str | None = None) -> str:

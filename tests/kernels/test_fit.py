@@ -37,7 +37,7 @@ def test_every_config_and_variant_was_compiled_for_both_targets(fit_report):
 def test_hopper_gluon_wide_tile_is_compiled_where_triton_builds_it(fit_report):
     """The launcher runs prefix_hopper's kernel for HOPPER's wide tiles (bf16 and fp8) on the Triton releases
     in prefix_hopper.TESTED_TRITON: there both forms of each (with and without the fused row tail), and the
-    keys-major form of its narrow tiles (requests of at most 8 rows), must compile and fit sm_90 one program an
+    keys-major form of its narrow tiles (8 and 16 rows), must compile and fit sm_90 one program an
     SM; elsewhere the fit report leaves them out (the launcher runs prefix.py's tiles)."""
     from ddtree_kernels import prefix_hopper
 
@@ -45,9 +45,11 @@ def test_hopper_gluon_wide_tile_is_compiled_where_triton_builds_it(fit_report):
     if prefix_hopper.unavailable_reason():
         assert not gluon
         return
-    assert sorted(r["variant"] for r in gluon) == ["kv=bf16,v_from_k=True,narrow,rows=8",
+    assert sorted(r["variant"] for r in gluon) == ["kv=bf16,v_from_k=True,narrow,rows=16",
+                                                   "kv=bf16,v_from_k=True,narrow,rows=8",
                                                    "kv=bf16,v_from_k=True,wide,tail=0",
                                                    "kv=bf16,v_from_k=True,wide,tail=8",
+                                                   "kv=fp8e4nv,v_from_k=True,narrow,rows=16",
                                                    "kv=fp8e4nv,v_from_k=True,narrow,rows=8",
                                                    "kv=fp8e4nv,v_from_k=True,wide,tail=0",
                                                    "kv=fp8e4nv,v_from_k=True,wide,tail=8"]

@@ -38,11 +38,13 @@ LARGE = [
     # ... with the rows past its whole blocks spread over them (264 rows: four blocks of 66), beside
     # requests that end inside a block's tail and inside its first 64 rows
     ([70_000, 1_000, 129], [33, 17, 7], 8, {}),
-    # Hopper's keys-major Gluon tile (requests of at most 8 rows): decode beside a short, an empty and a
-    # sub-tile prefix; 8 and 4 rows on an fp8 cache; 6 rows of fp16
+    # Hopper's keys-major Gluon tile (requests of at most 16 rows): decode beside a short, an empty and a
+    # sub-tile prefix; 8 and 4 rows on an fp8 cache; 6 rows of fp16; 16 rows (N 16), beside 8 on fp8
     ([185_000, 4_097, 0, 63], [1, 1, 1, 1], 8, {}),
     ([50_000, 700], [2, 1], 4, {"kv_dtype": FP8}),
     ([30_000], [3], 2, {"kv_dtype": torch.float16, "q_dtype": torch.float16}),
+    ([90_000, 5_000, 0], [1, 1, 1], 16, {}),  # 16 rows a request: N 16
+    ([40_000, 333], [2, 1], 8, {"kv_dtype": FP8}),  # 16 and 8 rows beside each other
 ]
 
 

@@ -127,11 +127,13 @@ def test_gluon_wide_tile_spreads_a_short_tail_over_its_blocks(heads, tokens, kv_
         assert launches == prefix_launches(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=False)
 
 
-@pytest.mark.parametrize("heads,tokens,kv_fp8", [(8, 1, False), (8, 1, True), (4, 2, False), (2, 3, True),
-                                                 (1, 1, False)])
-def test_gluon_keys_major_tile_takes_requests_of_a_few_rows(heads, tokens, kv_fp8):
-    """Where prefix_hopper's kernel runs, a request of at most 8 rows (decode) takes its keys-major tile:
-    one launch, one block a request, no 64-row block (BLOCK_M 0) and its rows as wgmma's N (TAIL_N 8)."""
+@pytest.mark.parametrize("heads,tokens,kv_fp8,tail_n", [(8, 1, False, 8), (8, 1, True, 8), (4, 2, False, 8),
+                                                        (2, 3, True, 8), (1, 1, False, 8), (16, 1, False, 16),
+                                                        (8, 2, True, 16), (3, 3, False, 16)])
+def test_gluon_keys_major_tile_takes_requests_of_a_few_rows(heads, tokens, kv_fp8, tail_n):
+    """Where prefix_hopper's kernel runs, a request of at most 16 rows (decode at 8 or 16 heads) takes its
+    keys-major tile: one launch, one block a request, no 64-row block (BLOCK_M 0) and its rows as wgmma's
+    N (TAIL_N: 8, or 16 past 8 rows)."""
     from ddtree_kernels.configs import HOPPER
     from ddtree_kernels.launcher import VerifyPlan, fused_tail_rows, prefix_launches
 
@@ -142,7 +144,7 @@ def test_gluon_keys_major_tile_takes_requests_of_a_few_rows(heads, tokens, kv_fp
     assert prefix_launches(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=True) == ((narrow, 0, 1),)
     assert fused_tail_rows(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=True) == 0
     plan = VerifyPlan(1, heads, tokens, tokens, 512, 64, 132, HOPPER, kv_fp8=kv_fp8, pdl=True, gluon=True)
-    assert plan.gluon_rows == (0, 8, narrow.block_m)
+    assert plan.gluon_rows == (0, tail_n, rows)
     # Without the Gluon kernel, with V apart, or with one row more: prefix.py's tiles, as before.
     assert not HOPPER.prefix_for(rows, kv_fp8=kv_fp8, gluon=False).gluon
     assert not HOPPER.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=False, gluon=True).gluon
