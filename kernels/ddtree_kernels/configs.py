@@ -72,6 +72,11 @@ class VerifyConfig:
     prefix_narrow_gluon: TileConfig | None = None
     prefix_narrow_fp8_gluon: TileConfig | None = None
     wide_min_rows: int = 64
+    # Where the wide tile is prefix_hopper's kernel, requests from this many rows take it, as one block
+    # with the rows past the request masked: 17-63 rows would then read the prefix once, not once a
+    # 16-row block. Measured faster at 17 (bf16, sweep log session 9) but not yet run against the
+    # reference on a GPU at that setting, so every config ships 64.
+    gluon_wide_min_rows: int = 64
     # Rows past the last whole wide block (GLM-5: 72 = 64 + 8) run on the narrow tile (`prefix`,
     # or `prefix_fp8` for an fp8 cache: narrow_for) in a second launch when there are at most this
     # many, instead of in a mostly empty wide block.
@@ -97,7 +102,8 @@ class VerifyConfig:
             if few is not None and rows_per_request <= few.block_m:
                 return few
         wide = self.wide_for(kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon)
-        if wide is not None and rows_per_request >= self.wide_min_rows:
+        min_rows = self.gluon_wide_min_rows if gluon and wide is not None and wide.gluon else self.wide_min_rows
+        if wide is not None and rows_per_request >= min_rows:
             return wide
         if not kv_fp8 and not v_from_k:
             return self.prefix_split_v
@@ -120,8 +126,8 @@ class VerifyConfig:
                   gluon: bool = False) -> int:
         """Rows of each request that the narrow tile takes after the wide tile's whole blocks (0: none)."""
         tile = self.prefix_for(rows_per_request, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon)
-        if tile is not self.wide_for(kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon):
-            return 0
+        if tile is not self.wide_for(kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon) or rows_per_request < tile.block_m:
+            return 0  # no whole wide block: the wide tile (if it takes the request) masks the rows past it
         tail = rows_per_request % tile.block_m
         return tail if tail <= self.wide_tail_max_rows else 0
 

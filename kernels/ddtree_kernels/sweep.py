@@ -36,16 +36,18 @@ def time_config(case: Case, tile: TileConfig, device: str = "cuda", min_chunk: i
                 merge: tuple[int, int] | None = None, prefetch_slots: bool = True,
                 pdl: bool = True, wide: TileConfig | None = None, tail_max: int = 0,
                 splits: int | None = None, gluon_tail: int | None = None,
-                gluon_narrow: TileConfig | None = None) -> tuple[float, int]:
+                gluon_narrow: TileConfig | None = None, wide_min_rows: int | None = None) -> tuple[float, int]:
     """Median µs of one verify call in a replayed CUDA graph (pools rotated), and the split count.
     `tile` serves every request unless `wide` is given: then `wide` takes requests of at least its
     row count, and a row tail of up to `tail_max` rows goes to `tile` in a second launch (or, up to
     `gluon_tail` rows a block, PORTABLE's by default, spread over a Gluon wide tile's blocks).
-    `gluon_narrow` takes requests of at most its rows where prefix_hopper's kernel runs."""
+    `gluon_narrow` takes requests of at most its rows where prefix_hopper's kernel runs; `wide_min_rows`
+    (default: the wide tile's rows) is the fewest rows a request takes the wide tile with."""
     cfg = dataclasses.replace(PORTABLE, prefix=tile, prefix_fp8=tile, prefix_wide=wide,
                               prefix_wide_fp8=wide if case.fp8 else None,
                               prefix_wide_fp8_gluon=wide if case.fp8 and wide and wide.gluon else None,
-                              wide_min_rows=wide.block_m if wide else 0, wide_tail_max_rows=tail_max,
+                              wide_min_rows=(wide_min_rows or wide.block_m) if wide else 0, wide_tail_max_rows=tail_max,
+                              gluon_wide_min_rows=(wide_min_rows or wide.block_m) if wide else 0,
                               min_chunk=min_chunk or PORTABLE.min_chunk, prefetch_slots=prefetch_slots, pdl=pdl,
                               gluon_tail_max_rows=PORTABLE.gluon_tail_max_rows if gluon_tail is None else gluon_tail,
                               prefix_narrow_gluon=gluon_narrow, prefix_narrow_fp8_gluon=gluon_narrow)
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="with a Gluon --wide tile: tail rows each block takes past 64, at most (repeat; 0: never)")
     ap.add_argument("--gluon-narrow", type=_tile,
                     help="MxNxWARPSxSTAGES: prefix_hopper's keys-major tile for requests of at most M rows")
+    ap.add_argument("--wide-min-rows", type=int, help="with --wide: the fewest rows a request takes it with")
     ap.add_argument("--no-pdl", action="store_true", help="also time without programmatic dependent launch")
     ap.add_argument("--merge", type=_merge, action="append", help="merge program: DxS columns x parts (repeat)")
     args = ap.parse_args(argv)
@@ -108,12 +111,13 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 us, splits = time_config(case, tile, min_chunk=chunk, merge=merge, prefetch_slots=prefetch, pdl=pdl,
                                          wide=args.wide, tail_max=tail, splits=splits, gluon_tail=gluon_tail,
-                                         gluon_narrow=narrow)
+                                         gluon_narrow=narrow, wide_min_rows=args.wide_min_rows)
                 merge = merge or (PORTABLE.merge_block_d, PORTABLE.merge_block_s)
                 print(f"{case.label:26} {_label(tile):<13} chunk {chunk or PORTABLE.min_chunk:<5} "
                       f"merge {merge[0]}x{merge[1]:<4}"
                       f"{'' if prefetch else ' no-prefetch'}{'' if pdl else ' no-pdl'}"
                       f"{f' wide {_label(args.wide)} tail<={tail}' if args.wide else ''}"
+                      f"{f' from {args.wide_min_rows} rows' if args.wide_min_rows else ''}"
                       f"{f' fused<={gluon_tail}' if gluon_tail is not None else ''}"
                       f"{f' narrow {_label(narrow)}' if narrow else ''}"
                       f"{us:9.1f} µs  {case.kv_bytes() / us / 1e3:6.0f} GB/s  {floor / us:5.1%} of floor  "

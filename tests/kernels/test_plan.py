@@ -145,13 +145,42 @@ def test_gluon_keys_major_tile_takes_requests_of_a_few_rows(heads, tokens, kv_fp
     assert fused_tail_rows(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=True) == 0
     plan = VerifyPlan(1, heads, tokens, tokens, 512, 64, 132, HOPPER, kv_fp8=kv_fp8, pdl=True, gluon=True)
     assert plan.gluon_rows == (0, tail_n, rows)
-    # Without the Gluon kernel, with V apart, or with one row more: prefix.py's tiles, as before.
+    # Without the Gluon kernel, or with V apart: prefix.py's tiles, as before.
     assert not HOPPER.prefix_for(rows, kv_fp8=kv_fp8, gluon=False).gluon
     assert not HOPPER.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=False, gluon=True).gluon
-    assert HOPPER.prefix_for(narrow.block_m + 1, kv_fp8=kv_fp8, gluon=True) is HOPPER.narrow_for(kv_fp8=kv_fp8)
     # The wide tile's rows, for comparison: GLM-5's 72 are one block of 64 + an 8-row tail.
     glm5 = VerifyPlan(1, 8, 9, 9, 512, 64, 132, HOPPER, kv_fp8=kv_fp8, pdl=True, gluon=True)
     assert glm5.gluon_rows == (64, 8, 72)
+
+
+@pytest.mark.parametrize("heads,tokens,kv_fp8", [(8, 3, False), (17, 1, True), (8, 4, False), (8, 7, True),
+                                                 (9, 7, False)])
+def test_gluon_wide_tile_takes_17_to_63_rows_as_one_masked_block(heads, tokens, kv_fp8):
+    """With gluon_wide_min_rows 17 (measured faster, not shipped until checked on a GPU), a request past the
+    keys-major tile's 16 rows and short of a whole 64-row block takes the Gluon wide tile as one block with
+    its missing rows masked (reading the prefix once), not prefix.py's 16-row tile once every 16 rows, and
+    without the Gluon kernel nothing changes. The shipped HOPPER keeps prefix.py's tile for these rows."""
+    import dataclasses
+
+    from ddtree_kernels import configs
+    from ddtree_kernels.launcher import VerifyPlan, fused_tail_rows, prefix_launches
+
+    rows = heads * tokens
+    shipped = configs.HOPPER.prefix_for(rows, kv_fp8=kv_fp8, gluon=True)
+    assert shipped is configs.HOPPER.narrow_for(kv_fp8=kv_fp8)
+    HOPPER = dataclasses.replace(configs.HOPPER, gluon_wide_min_rows=17)
+    assert HOPPER.gluon_wide_min_rows <= rows < 64
+    wide = HOPPER.wide_for(kv_fp8=kv_fp8, gluon=True)
+    assert wide.gluon and HOPPER.prefix_for(rows, kv_fp8=kv_fp8, gluon=True) is wide
+    assert HOPPER.tail_rows(rows, kv_fp8=kv_fp8, gluon=True) == 0
+    assert fused_tail_rows(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=True) == 0
+    assert prefix_launches(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=True) == ((wide, 0, 1),)
+    plan = VerifyPlan(1, heads, tokens, tokens, 512, 64, 132, HOPPER, kv_fp8=kv_fp8, pdl=True, gluon=True)
+    assert plan.gluon_rows == (64, 0, 64)
+    assert HOPPER.prefix_for(rows, kv_fp8=kv_fp8, gluon=False) is HOPPER.narrow_for(kv_fp8=kv_fp8)
+    # one row fewer than the wide tile takes: the keys-major tile
+    few = HOPPER.prefix_for(HOPPER.gluon_wide_min_rows - 1, kv_fp8=kv_fp8, gluon=True)
+    assert few.gluon and few.keys_major
 
 
 @pytest.mark.parametrize("version,runs", [("3.5.1", False), ("3.6.0", True), ("3.9.0", True),
