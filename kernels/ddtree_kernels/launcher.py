@@ -79,26 +79,17 @@ class VerifyPlan:
                                v_from_k=self.v_from_k, gluon=self.gluon)
 
     @cached_property
-    def gluon_tail_rows(self) -> int:
-        """Rows past BLOCK_M in each row block of prefix_hopper's kernel (launcher.fused_tail_rows)."""
-        return fused_tail_rows(self.config, self.max_draft_tokens * self.num_heads, kv_fp8=self.kv_fp8,
-                               v_from_k=self.v_from_k, gluon=self.gluon)
-
-    @cached_property
-    def gluon_tail_block(self) -> int:
-        """TAIL_N of prefix_hopper's kernel: its row tail, padded (0: none)."""
-        return prefix_hopper.tail_block(self.gluon_tail_rows)
-
-    @cached_property
     def gluon_rows(self) -> tuple[int, int, int]:
         """(BLOCK_M, TAIL_N, rows a block owns) of prefix_hopper's kernel on this plan's main tile. A
         keys-major tile has no 64-row block: a request's rows (at most its block_m) are wgmma's N (TAIL_N,
-        a power of two from 8), so decode's 8 rows do not pay for a tile sized for more."""
-        tile = self.prefix_tile
+        a power of two from 8), so decode's 8 rows do not pay for a tile sized for more. A wide tile's
+        blocks each take their share of the rows past the whole blocks (`fused_tail_rows`) keys-major."""
+        tile, rows = self.prefix_tile, self.max_draft_tokens * self.num_heads
         if tile.keys_major:
-            rows = min(self.max_draft_tokens * self.num_heads, tile.block_m)  # one block a request
+            rows = min(rows, tile.block_m)  # one block a request
             return 0, prefix_hopper.keys_major_block(rows), rows
-        return tile.block_m, self.gluon_tail_block, tile.block_m + self.gluon_tail_rows
+        tail = fused_tail_rows(self.config, rows, kv_fp8=self.kv_fp8, v_from_k=self.v_from_k, gluon=self.gluon)
+        return tile.block_m, prefix_hopper.tail_block(tail), tile.block_m + tail
 
     @cached_property
     def head_blocks(self) -> tuple[int, int]:
