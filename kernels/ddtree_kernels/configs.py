@@ -73,9 +73,8 @@ class VerifyConfig:
     prefix_narrow_fp8_gluon: TileConfig | None = None
     wide_min_rows: int = 64
     # Where the wide tile is prefix_hopper's kernel, requests from this many rows take it, as one block
-    # with the rows past the request masked: 17-63 rows would then read the prefix once, not once a
-    # 16-row block. Measured faster at 17 (bf16, sweep log session 9) but not yet run against the
-    # reference on a GPU at that setting, so every config ships 64.
+    # with the rows past the request masked: 17-63 rows then read the prefix once, not once a 16-row
+    # block (HOPPER: 17, past its keys-major tile's 16 rows).
     gluon_wide_min_rows: int = 64
     # Rows past the last whole wide block (GLM-5: 72 = 64 + 8) run on the narrow tile (`prefix`,
     # or `prefix_fp8` for an fp8 cache: narrow_for) in a second launch when there are at most this
@@ -177,6 +176,8 @@ PORTABLE = VerifyConfig(
 # 185k H8 n1 69.6 -> 61.7 µs, bs4 226.5 -> 212.7, fp8 98.3 -> 67.2 (8 warps: 65.1, 222.5, 76.3); 185k
 # H16 n1 70.4 -> 64.3, fp8 96.7 -> 73.4 (N 32 would need 254 registers, and spills for fp8). Merge
 # programs read up to 8,192 partial values a step (32 x 256; 4,096 before): 1-3% on every verify shape.
+# Session 10: requests of 17-63 rows take the Gluon wide tile as one masked block (gluon_wide_min_rows 17):
+# 185k H8 n3 112.1 -> 72.4 µs, n7 205.6 -> 83.6, fp8 171.2 -> 94.1 and 322.3 -> 104.3.
 HOPPER = dataclasses.replace(
     PORTABLE,
     prefix=dataclasses.replace(PORTABLE.prefix, ctas_per_sm=2),
@@ -189,6 +190,7 @@ HOPPER = dataclasses.replace(
     prefix_narrow_fp8_gluon=TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=3, ctas_per_sm=1,
                                        keys_major=True, gluon=True),
     merge_block_s=256,
+    gluon_wide_min_rows=17,
 )
 
 # Chosen by (major, minor) compute capability; anything not listed gets PORTABLE.

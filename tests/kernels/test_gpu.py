@@ -45,6 +45,11 @@ LARGE = [
     ([30_000], [3], 2, {"kv_dtype": torch.float16, "q_dtype": torch.float16}),
     ([90_000, 5_000, 0], [1, 1, 1], 16, {}),  # 16 rows a request: N 16
     ([40_000, 333], [2, 1], 8, {"kv_dtype": FP8}),  # 16 and 8 rows beside each other
+    # 17-63 rows on Hopper's Gluon wide tile as one block, the rows past the request masked (beside
+    # requests of as many rows, of 16 and 8, and an empty prefix)
+    ([120_000, 2_000, 0], [3, 3, 1], 8, {}),
+    ([60_000, 999], [7, 2], 8, {"kv_dtype": FP8}),
+    ([33_333, 64], [5, 5], 8, {"kv_dtype": torch.float16, "q_dtype": torch.float16}),
 ]
 
 

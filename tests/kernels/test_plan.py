@@ -156,19 +156,13 @@ def test_gluon_keys_major_tile_takes_requests_of_a_few_rows(heads, tokens, kv_fp
 @pytest.mark.parametrize("heads,tokens,kv_fp8", [(8, 3, False), (17, 1, True), (8, 4, False), (8, 7, True),
                                                  (9, 7, False)])
 def test_gluon_wide_tile_takes_17_to_63_rows_as_one_masked_block(heads, tokens, kv_fp8):
-    """With gluon_wide_min_rows 17 (measured faster, not shipped until checked on a GPU), a request past the
-    keys-major tile's 16 rows and short of a whole 64-row block takes the Gluon wide tile as one block with
-    its missing rows masked (reading the prefix once), not prefix.py's 16-row tile once every 16 rows, and
-    without the Gluon kernel nothing changes. The shipped HOPPER keeps prefix.py's tile for these rows."""
-    import dataclasses
-
-    from ddtree_kernels import configs
+    """A request past the keys-major tile's 16 rows and short of a whole 64-row block takes the Gluon wide
+    tile as one block with its missing rows masked (reading the prefix once), not prefix.py's 16-row tile
+    once every 16 rows (HOPPER.gluon_wide_min_rows 17); without the Gluon kernel nothing changes."""
+    from ddtree_kernels.configs import HOPPER
     from ddtree_kernels.launcher import VerifyPlan, fused_tail_rows, prefix_launches
 
     rows = heads * tokens
-    shipped = configs.HOPPER.prefix_for(rows, kv_fp8=kv_fp8, gluon=True)
-    assert shipped is configs.HOPPER.narrow_for(kv_fp8=kv_fp8)
-    HOPPER = dataclasses.replace(configs.HOPPER, gluon_wide_min_rows=17)
     assert HOPPER.gluon_wide_min_rows <= rows < 64
     wide = HOPPER.wide_for(kv_fp8=kv_fp8, gluon=True)
     assert wide.gluon and HOPPER.prefix_for(rows, kv_fp8=kv_fp8, gluon=True) is wide
