@@ -63,6 +63,7 @@ FULL = [
     Case(1, 185000, 8, 33),
     Case(1, 65536, 16, 33),
     Case(1, 185000, 16, 33),
+    Case(1, 185000, 8, 3),  # 24 rows: the Gluon wide tile as one masked block
     Case(1, 65536, 8, 17),
     Case(1, 65536, 8, 65),
     Case(4, 65536, 8, 9),
@@ -72,6 +73,7 @@ FULL = [
     Case(1, 65536, 64, 9),
     Case(1, 185000, 8, 9, fp8=True),
     Case(1, 65536, 16, 9, fp8=True),
+    Case(1, 185000, 8, 3, fp8=True),
     Case(1, 185000, 8, 1),
     Case(1, 185000, 8, 1, fp8=True),
     Case(4, 185000, 8, 1),
