@@ -11,7 +11,8 @@ Teardown kills only the processes inside the test's namespaces (by PID, `ip netn
 then deletes the namespaces and veth pairs, also when the test failed.
 
 Run `python -m tests.deploy.testhost up` / `down` to keep hosts around by hand (make deploy
-with no HOST does this).
+with no HOST does this); `down` also removes the hosts of a test run that was killed before its
+teardown (every `ddt-host<i>` namespace).
 """
 
 from __future__ import annotations
@@ -134,9 +135,9 @@ def up(workdir: Path, count: int = 2, prefix: str = "ddt") -> list[TestHost]:
     try:
         for i in range(1, count + 1):
             netns, veth = f"{prefix}-host{i}", f"{prefix}v{i}"
-            if netns in _run(["ip", "netns", "list"]).stdout.split():
+            if netns in _namespaces():
                 raise RuntimeError(f"network namespace {netns} already exists: another test run holds it, "
-                                   f"or a crashed one left it (remove with `python -m tests.deploy.testhost down`)")
+                                   f"or a killed one left it (remove with `python -m tests.deploy.testhost down`)")
             address = f"{SUBNET}.{i}.2"
             _run(["ip", "netns", "add", netns])
             _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns])
@@ -198,20 +199,40 @@ def load(workdir: Path) -> list[TestHost]:
     return [TestHost(**h) for h in json.loads(path.read_text())] if path.exists() else []
 
 
+def _namespaces() -> list[str]:
+    """Names of this machine's network namespaces (`ip netns list` prints "name (id: N)")."""
+    return [line.split()[0] for line in _run(["ip", "netns", "list"]).stdout.splitlines() if line.strip()]
+
+
+def _remove(netns: str, veth: str, extra_pids: tuple[str, ...] = ()) -> None:
+    """Kill the processes inside `netns` (only those), then delete its veth pair and the namespace."""
+    pids = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout.split()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in [*pids, *extra_pids]:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), sig)
+        if sig == signal.SIGTERM:
+            time.sleep(0.3)
+    subprocess.run(["ip", "link", "del", veth], capture_output=True)
+    subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+
+
 def down(workdir: Path, hosts: list[TestHost] | None = None) -> None:
     """Kill every process inside the hosts' namespaces (only those), delete namespaces and links."""
     hosts = load(workdir) if hosts is None else hosts
     for host in hosts:
-        pids = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True).stdout.split()
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in [*pids, str(host.pid)]:
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), sig)
-            if sig == signal.SIGTERM:
-                time.sleep(0.3)
-        subprocess.run(["ip", "link", "del", host.veth], capture_output=True)
-        subprocess.run(["ip", "netns", "del", host.netns], capture_output=True)
+        _remove(host.netns, host.veth, (str(host.pid),))
     (workdir / STATE_FILE).unlink(missing_ok=True)
+
+
+def remove_leftovers(prefix: str = "ddt") -> list[str]:
+    """Remove the hosts a killed run left behind (its state file is gone with its temporary directory):
+    every namespace named like `up`'s (`{prefix}-host<i>`), its processes and its veth. Returns their names."""
+    left = [ns for ns in _namespaces()
+            if ns.startswith(f"{prefix}-host") and ns.removeprefix(f"{prefix}-host").isdigit()]
+    for netns in left:
+        _remove(netns, f"{prefix}v{netns.removeprefix(f'{prefix}-host')}")
+    return left
 
 
 def on_host(host: TestHost, command: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -228,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.dir).resolve()
     if args.action == "down":
         down(workdir)
-        print(f"test hosts in {workdir} removed")
+        left = remove_leftovers()
+        killed = f"; left behind by a killed run: {', '.join(left)}" if left else ""
+        print(f"test hosts in {workdir} removed{killed}")
         return 0
     if load(workdir):
         down(workdir)

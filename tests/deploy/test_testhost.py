@@ -1,0 +1,44 @@
+"""The test hosts' own cleanup: a run killed before its teardown leaves namespaces behind, and the next
+run must be told how to remove them, and that command must remove them (and nothing else)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from . import testhost
+
+
+def _pids(netns: str) -> list[str]:
+    return subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout.split()
+
+
+def test_down_removes_what_a_killed_run_left(tmp_path):
+    prefix = "ddtx"  # not the session's hosts (ddt-host<i>)
+    left, other, veth = f"{prefix}-host1", f"{prefix}-hostile", f"{prefix}v1"
+    for ns in (left, other):
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+    subprocess.run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", left], check=True)
+    sleeper = subprocess.Popen(["ip", "netns", "exec", left, "sleep", "600"], start_new_session=True)
+    try:
+        for _ in range(50):  # until the process is inside the namespace
+            if _pids(left):
+                break
+            time.sleep(0.1)
+        assert _pids(left)
+        with pytest.raises(RuntimeError, match=f"{left} already exists.*python -m tests.deploy.testhost down"):
+            testhost.up(tmp_path, count=1, prefix=prefix)
+
+        assert testhost.remove_leftovers(prefix) == [left]
+        assert sleeper.wait(timeout=10) != 0  # killed
+        namespaces = testhost._namespaces()
+        assert left not in namespaces and other in namespaces  # only up's own names
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        assert f" {veth}@" not in links and f" {veth}:" not in links
+    finally:
+        sleeper.kill()
+        for ns in (left, other):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", veth], capture_output=True)
