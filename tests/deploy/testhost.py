@@ -12,7 +12,7 @@ then deletes the namespaces and veth pairs, also when the test failed.
 
 Run `python -m tests.deploy.testhost up` / `down` to keep hosts around by hand (make deploy
 with no HOST does this); `down` also removes the hosts of a test run that was killed before its
-teardown (every `ddt-host<i>` namespace).
+teardown: every `ddt-host<i>` namespace, so a test run still going loses its hosts too.
 """
 
 from __future__ import annotations
