@@ -369,7 +369,7 @@ def plot(rows: list[Row], path: Path, copy: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sglang-wheel", help="SGLang release wheel to take the baseline kernels from")
-    ap.add_argument("--out", default="bench-out", help="folder for bench.json, bench.md, bench.png")
+    ap.add_argument("--out", default="bench-out", help="folder for bench.json, bench.md, bench.png, bench.log")
     ap.add_argument("--quick", action="store_true", help="three small cases (a smoke run)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -393,24 +393,29 @@ def main(argv: list[str] | None = None) -> int:
         matmul_tflops=mm,
         date=time.strftime("%Y-%m-%d"),
     )
-    print(f"{meta['device']}: copy {copy:.0f} GB/s, matmul {mm:.0f} TFLOP/s", flush=True)
-    rows = []
-    cases = QUICK if args.quick else FULL
-    for i, case in enumerate(cases, 1):
-        row = measure(case, device, copy, mm, sgl)
-        torch.cuda.empty_cache()
-        rows.append(row)
-        d = derived(row)
-        print(
-            f"[{i}/{len(cases)}] {case.label:28} ours {row.ours_graph_us:8.1f} µs ({d['gbs']:5.0f} GB/s, "
-            f"{100 * d['efficiency']:3.0f}% of floor {row.floor_us:.1f}) sglang {row.sglang_extend_us:9.0f} µs "
-            f"err {row.err_vs_sglang:.1e} / {row.err_vs_reference:.1e}",
-            flush=True,
-        )
-        (out / "bench.json").write_text(json.dumps(dict(meta=meta, rows=[asdict(r) for r in rows]), indent=1))
-    (out / "bench.md").write_text(markdown(rows, meta))
-    plot(rows, out / "bench.png", copy)
-    print(markdown(rows, meta))
+    with (out / "bench.log").open("w") as log:
+
+        def say(text: str) -> None:
+            """Progress to stdout and to bench.log (kept whole where only the end of stdout survives)."""
+            print(text, flush=True)
+            log.write(text + "\n")
+            log.flush()
+
+        say(f"{meta['device']}: copy {copy:.0f} GB/s, matmul {mm:.0f} TFLOP/s")
+        rows = []
+        cases = QUICK if args.quick else FULL
+        for i, case in enumerate(cases, 1):
+            row = measure(case, device, copy, mm, sgl)
+            torch.cuda.empty_cache()
+            rows.append(row)
+            d = derived(row)
+            say(f"[{i}/{len(cases)}] {case.label:28} ours {row.ours_graph_us:8.1f} µs ({d['gbs']:5.0f} GB/s, "
+                f"{100 * d['efficiency']:3.0f}% of floor {row.floor_us:.1f}) sglang {row.sglang_extend_us:9.0f} µs "
+                f"err {row.err_vs_sglang:.1e} / {row.err_vs_reference:.1e}")
+            (out / "bench.json").write_text(json.dumps(dict(meta=meta, rows=[asdict(r) for r in rows]), indent=1))
+        (out / "bench.md").write_text(markdown(rows, meta))
+        plot(rows, out / "bench.png", copy)
+        say(markdown(rows, meta))
     return 0
 
 
