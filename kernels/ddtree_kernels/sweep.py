@@ -43,11 +43,11 @@ def time_config(case: Case, tile: TileConfig, device: str = "cuda", min_chunk: i
     `gluon_tail` rows a block, PORTABLE's by default, spread over a Gluon wide tile's blocks).
     `gluon_narrow` takes requests of at most its rows where prefix_hopper's kernel runs; `wide_min_rows`
     (default: the wide tile's rows) is the fewest rows a request takes the wide tile with."""
+    min_rows = (wide_min_rows or wide.block_m) if wide else 0  # one rule for both the Gluon and Triton wide tiles
     cfg = dataclasses.replace(PORTABLE, prefix=tile, prefix_fp8=tile, prefix_wide=wide,
                               prefix_wide_fp8=wide if case.fp8 else None,
                               prefix_wide_fp8_gluon=wide if case.fp8 and wide and wide.gluon else None,
-                              wide_min_rows=(wide_min_rows or wide.block_m) if wide else 0, wide_tail_max_rows=tail_max,
-                              gluon_wide_min_rows=(wide_min_rows or wide.block_m) if wide else 0,
+                              wide_min_rows=min_rows, gluon_wide_min_rows=min_rows, wide_tail_max_rows=tail_max,
                               min_chunk=min_chunk or PORTABLE.min_chunk, prefetch_slots=prefetch_slots, pdl=pdl,
                               gluon_tail_max_rows=PORTABLE.gluon_tail_max_rows if gluon_tail is None else gluon_tail,
                               prefix_narrow_gluon=gluon_narrow, prefix_narrow_fp8_gluon=gluon_narrow)
