@@ -84,6 +84,9 @@ class VerifyConfig:
     # them, up to this many a block (launcher.fused_tail_rows): their queries and P fit the shared
     # memory a block has left.
     gluon_tail_max_rows: int = 8
+    # Those tail rows (bf16/fp16 cache) on a warpgroup of their own beside the block's two
+    # (prefix_hopper_ws.py, warp-specialized) instead of after the block in its instruction stream.
+    gluon_tail_partition: bool = False
     # Prefetch each split's slot indices into L2 before its loop (PTX prefetch): the gather of
     # every key tile waits on them, so each iteration would otherwise wait for a DRAM trip.
     prefetch_slots: bool = True
@@ -191,6 +194,7 @@ HOPPER = dataclasses.replace(
                                        keys_major=True, gluon=True),
     merge_block_s=256,
     gluon_wide_min_rows=17,
+    gluon_tail_partition=True,
 )
 
 # Chosen by (major, minor) compute capability; anything not listed gets PORTABLE.

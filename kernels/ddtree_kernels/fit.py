@@ -51,7 +51,7 @@ _GLUON_SIG = dict(
     stride_lr="i32",
 )
 # Gluon kernels are architecture-specific: prefix_hopper's is compiled for sm_90 only.
-_GLUON_TARGETS = {"prefix_gluon": (9, 0)}
+_GLUON_TARGETS = {"prefix_gluon": (9, 0), "prefix_gluon_ws": (9, 0)}
 _MERGE_SIG = dict(
     O_part="*fp32", LSE_part="*fp32", Out="*bf16", LSE_out="*fp32", qo_indptr="*i32", batch="i32",
     num_parts="i32", stride_or="i32", stride_op="i32", stride_lr="i32", stride_ot="i32",
@@ -146,12 +146,16 @@ def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int, 
                         for kv, tile in (("bf16", conf.prefix_narrow_gluon), ("fp8e4nv", conf.prefix_narrow_fp8_gluon))
                         if tile is not None
                         for n in sorted({prefix_hopper.keys_major_block(r) for r in (1, tile.block_m)})]
+        # ... and the wide tile with its row tail on a warpgroup of its own (prefix_hopper_ws), 16-bit caches only.
+        if conf.gluon_tail_partition and conf.prefix_wide is not None and conf.prefix_wide.gluon:
+            gluon_forms.append(("bf16", conf.prefix_wide, conf.prefix_wide.block_m,
+                                prefix_hopper.tail_block(conf.gluon_tail_max_rows), "wide,tail-partition"))
     for kv, tile, block_m, tail, role in gluon_forms:
         const = dict(H=8, D_V=512, D_R=64, BLOCK_M=block_m, BLOCK_N=tile.block_n, NUM_STAGES=tile.num_stages,
                      TAIL_N=tail, KV_FP8=kv != "bf16", SCALE_FROM_PTR=False, USE_PDL=True, num_warps=tile.num_warps)
         sig = {k: ("*" + kv if v == "*KV" else v) for k, v in _GLUON_SIG.items()}
-        out.append(("prefix_gluon", f"kv={kv},v_from_k=True,{role}", sig, const, tile.num_warps, 1,
-                    tile.ctas_per_sm))
+        kernel = "prefix_gluon_ws" if role.endswith("tail-partition") else "prefix_gluon"
+        out.append((kernel, f"kv={kv},v_from_k=True,{role}", sig, const, tile.num_warps, 1, tile.ctas_per_sm))
     for mode, name in ((1, "sglang_flat"), (0, "chain"), (2, "compact")):
         const = dict(dims, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, MASK_MODE=mode, DOT_FP32=False, USE_PDL=True)
         out.append(("tree", f"mask={name}", dict(_TREE_SIG), const, tc.num_warps, tc.num_stages, 0))
@@ -170,6 +174,10 @@ def _kernel(name: str):
 
     if name == "prefix_gluon":
         return prefix_hopper.prefix_wide_hopper_kernel
+    if name == "prefix_gluon_ws":
+        from .prefix_hopper_ws import prefix_wide_ws_kernel
+
+        return prefix_wide_ws_kernel
     return {"prefix": prefix_split_kernel, "tree": tree_block_kernel, "merge": merge_parts_kernel}[name]
 
 
@@ -209,7 +217,7 @@ def compile_variant(job: tuple) -> FitResult:
         regs, stack, local = _resource_usage(compiled.asm["cubin"])
         ptx = compiled.asm["ptx"]
         return FitResult(config_name, target_name, kernel, variant, compiled.metadata.shared, limit,
-                         regs, stack, local, must_fit, warps, ctas,
+                         regs, stack, local, must_fit, compiled.metadata.num_warps, ctas,
                          launch_dependents=ptx.count("griddepcontrol.launch_dependents"),
                          grid_waits=ptx.count("griddepcontrol.wait"))
     except Exception as exc:  # a config that cannot compile must show up, not crash the report

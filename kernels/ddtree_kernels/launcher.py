@@ -18,7 +18,7 @@ from functools import cache, cached_property, lru_cache
 import torch
 import triton
 
-from . import prefix_hopper
+from . import prefix_hopper, prefix_hopper_ws
 from .configs import TileConfig, VerifyConfig, config_for
 from .merge import merge_parts_kernel
 from .prefix import prefix_split_kernel
@@ -90,6 +90,14 @@ class VerifyPlan:
             return 0, prefix_hopper.keys_major_block(rows), rows
         tail = fused_tail_rows(self.config, rows, kv_fp8=self.kv_fp8, v_from_k=self.v_from_k, gluon=self.gluon)
         return tile.block_m, prefix_hopper.tail_block(tail), tile.block_m + tail
+
+    @cached_property
+    def tail_partition(self) -> bool:
+        """prefix_hopper's wide kernel runs its row tail on a warpgroup of its own (prefix_hopper_ws):
+        a 16-bit cache, a 64-row block with a tail, and a config that asks for it."""
+        block_m, tail_n, _ = self.gluon_rows
+        return (self.gluon and self.prefix_tile.gluon and self.config.gluon_tail_partition and not self.kv_fp8
+                and block_m > 0 and tail_n > 0)
 
     @cached_property
     def head_blocks(self) -> tuple[int, int]:
@@ -374,7 +382,9 @@ def run_verify(
     for pc, row_base, row_blocks in plan.prefix_launches():
         if pc.gluon and plan.gluon:
             block_m, tail_n, row_stride = plan.gluon_rows
-            prefix_hopper.prefix_wide_hopper_kernel[(row_blocks, plan.num_splits, plan.batch_size)](
+            kernel = (prefix_hopper_ws.prefix_wide_ws_kernel if plan.tail_partition
+                      else prefix_hopper.prefix_wide_hopper_kernel)
+            kernel[(row_blocks, plan.num_splits, plan.batch_size)](
                 q, k_buf, kv_indices, qo_indptr, kv_indptr, o_part, lse_part,
                 k_s, v_s, qk_scale_log2, conf.min_chunk, row_base, row_stride,
                 q.stride(0), q.stride(1), k_buf.stride(0), *part_strides,

@@ -144,6 +144,27 @@ if not _GLUON_ERROR:
         return m_new, m_safe, gl.exp2(m_i - m_safe)
 
     @gluon.jit
+    def _block_softmax(s, m_i, l_acc, qk_scale_log2, key0, hi, offs_sn):
+        """The row block's online softmax step on the key tile from key0 (scores `s`, rows x keys; offs_sn the
+        keys' offsets): (P, running maxima, per-element sums, rescale of the state so far)."""
+        s = gl.where((key0 + offs_sn < hi)[None, :], s * qk_scale_log2, float("-inf"))
+        m_new, m_safe, alpha = _raise_running_max(m_i, gl.max(s, 1))
+        p = gl.exp2(s - m_safe[:, None])
+        return p, m_new, l_acc * alpha[:, None] + p, alpha
+
+    @gluon.jit
+    def _tail_softmax(st, m_t, lt_acc, pt_smem, qk_scale_log2, key0, hi, offs_tn):
+        """The row tail's online softmax step on the key tile from key0 (keys-major scores `st`: keys are its
+        rows, offs_tn their offsets): P, transposed, into pt_smem (wgmma's B operand). Returns the running
+        maxima, the per-element sums and the rescale of the state so far (m_t, lt_acc, alpha_t)."""
+        st = gl.where((key0 + offs_tn < hi)[:, None], st * qk_scale_log2, float("-inf"))
+        mt_new, mt_safe, alpha_t = _raise_running_max(m_t, gl.max(st, 0))
+        pt = gl.exp2(st - mt_safe[None, :])
+        lt_acc = lt_acc * alpha_t[None, :] + pt
+        pt_smem.store(gl.permute(pt.to(pt_smem.dtype), [1, 0]))
+        return mt_new, lt_acc, alpha_t
+
+    @gluon.jit
     def _load_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, COL0: gl.constexpr, ROWS: gl.constexpr,
                       COLS: gl.constexpr, H: gl.constexpr, LAYOUT: gl.constexpr, SMEM: gl.constexpr,
                       SMEM_DTYPE: gl.constexpr):
@@ -315,11 +336,7 @@ if not _GLUON_ERROR:
                 else:
                     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
                 # Row maxima across both warpgroups' keys (through shared memory); sums per element.
-                s = gl.where((lo + i * BLOCK_N + offs_sn < hi)[None, :], s * qk_scale_log2, float("-inf"))
-                m_new, m_safe, alpha = _raise_running_max(m_i, gl.max(s, 1))
-                p = gl.exp2(s - m_safe[:, None])
-                l_acc = l_acc * alpha[:, None] + p
-                m_i = m_new
+                p, m_i, l_acc, alpha = _block_softmax(s, m_i, l_acc, qk_scale_log2, lo + i * BLOCK_N, hi, offs_sn)
                 # Both warpgroups' values need all of P: it goes to shared memory, into this stage's
                 # rope buffer ([BLOCK_N, D_R], the shape of P), which no wgmma reads any more once
                 # every warp has waited for its scores (the barrier). That costs no shared memory:
@@ -335,12 +352,8 @@ if not _GLUON_ERROR:
             if TAIL_N > 0:
                 # The tail's softmax (while the tensor cores run the block's values, if any). Its row
                 # maxima span the warps (keys are its rows here); its sums stay per element until the end.
-                st = gl.where((lo + i * BLOCK_N + offs_tn < hi)[:, None], st * qk_scale_log2, float("-inf"))
-                mt_new, mt_safe, alpha_t = _raise_running_max(m_t, gl.max(st, 0))
-                pt = gl.exp2(st - mt_safe[None, :])
-                lt_acc = lt_acc * alpha_t[None, :] + pt
-                m_t = mt_new
-                pt_smem.store(gl.permute(pt.to(dtype), [1, 0]))
+                m_t, lt_acc, alpha_t = _tail_softmax(st, m_t, lt_acc, pt_smem, qk_scale_log2, lo + i * BLOCK_N, hi,
+                                                     offs_tn)
                 # Every warp's share of P is in shared memory before wgmma reads it.
                 fence_async_shared()
                 _cta_barrier()
@@ -365,6 +378,42 @@ if not _GLUON_ERROR:
                         offs_t < row_end, split, stride_or, stride_op, stride_lr, D_V, 1, ST_LAYOUT)
 
     @gluon.jit
+    def _program_work(qo_indptr, kv_indptr, min_chunk, row_base, row_stride, H: gl.constexpr,
+                      BLOCK_N: gl.constexpr):
+        """This program's split, its request's rows and keys, its row block and its key chunk:
+        (split, q_start, n_rows, kv_start, first_row, row_end, lo, hi). Row block j owns rows row_stride * j ..
+        row_stride * (j + 1): BLOCK_M of them on the score wgmma and the rest (at most TAIL_N, the launcher
+        plans so) as the keys-major row tail."""
+        row_block = gl.program_id(0)
+        split = gl.program_id(1)
+        req = gl.program_id(2)
+        num_splits = gl.num_programs(1)
+        q_start = gl.load(qo_indptr + req).to(gl.int32)
+        n_rows = (gl.load(qo_indptr + req + 1).to(gl.int32) - q_start) * H
+        kv_start = gl.load(kv_indptr + req).to(gl.int64)
+        prefix_len = (gl.load(kv_indptr + req + 1).to(gl.int64) - kv_start).to(gl.int32)
+        first_row = row_base + row_block * row_stride
+        row_end = gl.minimum(n_rows, first_row + row_stride)
+        # Chunk bounds exactly as prefix_split_kernel's: the merge relies on it.
+        chunk = gl.maximum(gl.cdiv(prefix_len, num_splits), min_chunk)
+        chunk = gl.cdiv(chunk, BLOCK_N) * BLOCK_N
+        lo = split * chunk
+        hi = gl.minimum(lo + chunk, prefix_len)
+        return split, q_start, n_rows, kv_start, first_row, row_end, lo, hi
+
+    @gluon.jit
+    def _dequant_scales(k_scale, v_scale, qk_scale_log2, SCALE_FROM_PTR: gl.constexpr):
+        """(scale of the scores, scale of the stored output): k_scale folds into the first, v_scale is the
+        second (1 for a 16-bit cache). Passed as floats, or as 0-dim device tensors (no host sync)."""
+        if SCALE_FROM_PTR:
+            qk_scale = qk_scale_log2 * gl.load(k_scale).to(gl.float32)
+            out_scale = gl.load(v_scale).to(gl.float32)
+        else:
+            qk_scale = qk_scale_log2 * k_scale
+            out_scale = v_scale
+        return qk_scale, out_scale
+
+    @gluon.jit
     def prefix_wide_hopper_kernel(
         Q, K_buf, kv_indices, qo_indptr, kv_indptr,
         O_part, LSE_part,
@@ -383,31 +432,9 @@ if not _GLUON_ERROR:
         gl.static_assert(BLOCK_M + TAIL_N <= 128, "an empty chunk marks at most 128 rows")
         if USE_PDL:
             _grid_dependency(False)
-        row_block = gl.program_id(0)
-        split = gl.program_id(1)
-        req = gl.program_id(2)
-        num_splits = gl.num_programs(1)
-        q_start = gl.load(qo_indptr + req).to(gl.int32)
-        n_rows = (gl.load(qo_indptr + req + 1).to(gl.int32) - q_start) * H
-        kv_start = gl.load(kv_indptr + req).to(gl.int64)
-        prefix_len = (gl.load(kv_indptr + req + 1).to(gl.int64) - kv_start).to(gl.int32)
-        # Row block j owns rows row_stride * j .. row_stride * (j + 1): BLOCK_M of them on the score
-        # wgmma and the rest (at most TAIL_N, the launcher plans so) as the keys-major row tail.
-        first_row = row_base + row_block * row_stride
-        row_end = gl.minimum(n_rows, first_row + row_stride)
-        # Chunk bounds exactly as prefix_split_kernel's: the merge relies on it.
-        chunk = gl.maximum(gl.cdiv(prefix_len, num_splits), min_chunk)
-        chunk = gl.cdiv(chunk, BLOCK_N) * BLOCK_N
-        lo = split * chunk
-        hi = gl.minimum(lo + chunk, prefix_len)
-        # Dequantisation scales (1 for a 16-bit cache): k_scale folds into the scores, v_scale into
-        # the stored output. Passed as floats, or as 0-dim device tensors (no host sync).
-        if SCALE_FROM_PTR:
-            qk_scale = qk_scale_log2 * gl.load(k_scale).to(gl.float32)
-            out_scale = gl.load(v_scale).to(gl.float32)
-        else:
-            qk_scale = qk_scale_log2 * k_scale
-            out_scale = v_scale
+        split, q_start, n_rows, kv_start, first_row, row_end, lo, hi = _program_work(
+            qo_indptr, kv_indptr, min_chunk, row_base, row_stride, H, BLOCK_N)
+        qk_scale, out_scale = _dequant_scales(k_scale, v_scale, qk_scale_log2, SCALE_FROM_PTR)
         if first_row < n_rows:
             if lo >= hi:
                 # An empty chunk: LSE -inf for this block's rows, its tail's included.

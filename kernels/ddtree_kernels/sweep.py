@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 
 import torch
@@ -36,13 +37,15 @@ def time_config(case: Case, tile: TileConfig, device: str = "cuda", min_chunk: i
                 merge: tuple[int, int] | None = None, prefetch_slots: bool = True,
                 pdl: bool = True, wide: TileConfig | None = None, tail_max: int = 0,
                 splits: int | None = None, gluon_tail: int | None = None,
-                gluon_narrow: TileConfig | None = None, wide_min_rows: int | None = None) -> tuple[float, int]:
+                gluon_narrow: TileConfig | None = None, wide_min_rows: int | None = None,
+                tail_partition: bool = False) -> tuple[float, int]:
     """Median µs of one verify call in a replayed CUDA graph (pools rotated), and the split count.
     `tile` serves every request unless `wide` is given: then `wide` takes requests of at least its
     row count, and a row tail of up to `tail_max` rows goes to `tile` in a second launch (or, up to
     `gluon_tail` rows a block, PORTABLE's by default, spread over a Gluon wide tile's blocks).
     `gluon_narrow` takes requests of at most its rows where prefix_hopper's kernel runs; `wide_min_rows`
-    (default: the wide tile's rows) is the fewest rows a request takes the wide tile with."""
+    (default: the wide tile's rows) is the fewest rows a request takes the wide tile with; `tail_partition`
+    puts a Gluon wide tile's row tail on a warpgroup of its own (VerifyConfig.gluon_tail_partition)."""
     min_rows = (wide_min_rows or wide.block_m) if wide else 0  # one rule for both the Gluon and Triton wide tiles
     cfg = dataclasses.replace(PORTABLE, prefix=tile, prefix_fp8=tile, prefix_wide=wide,
                               prefix_wide_fp8=wide if case.fp8 else None,
@@ -50,7 +53,8 @@ def time_config(case: Case, tile: TileConfig, device: str = "cuda", min_chunk: i
                               wide_min_rows=min_rows, gluon_wide_min_rows=min_rows, wide_tail_max_rows=tail_max,
                               min_chunk=min_chunk or PORTABLE.min_chunk, prefetch_slots=prefetch_slots, pdl=pdl,
                               gluon_tail_max_rows=PORTABLE.gluon_tail_max_rows if gluon_tail is None else gluon_tail,
-                              prefix_narrow_gluon=gluon_narrow, prefix_narrow_fp8_gluon=gluon_narrow)
+                              prefix_narrow_gluon=gluon_narrow, prefix_narrow_fp8_gluon=gluon_narrow,
+                              gluon_tail_partition=tail_partition)
     if merge:
         cfg = dataclasses.replace(cfg, merge_block_d=merge[0], merge_block_s=merge[1])
     p = Problem(case, device)
@@ -93,25 +97,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gluon-narrow", type=_tile,
                     help="MxNxWARPSxSTAGES: prefix_hopper's keys-major tile for requests of at most M rows")
     ap.add_argument("--wide-min-rows", type=int, help="with --wide: the fewest rows a request takes it with")
+    ap.add_argument("--tail-partition", type=int, action="append", choices=(0, 1),
+                    help="with a Gluon --wide tile: 1 runs its row tail on a warpgroup of its own (repeat to compare)")
     ap.add_argument("--no-pdl", action="store_true", help="also time without programmatic dependent launch")
     ap.add_argument("--merge", type=_merge, action="append", help="merge program: DxS columns x parts (repeat)")
     args = ap.parse_args(argv)
     narrow = (dataclasses.replace(args.gluon_narrow, ctas_per_sm=1, keys_major=True, gluon=True)
               if args.gluon_narrow else None)
     copy, mm = ceilings("cuda")
-    print(f"{torch.cuda.get_device_name()}: copy {copy:.0f} GB/s, matmul {mm:.0f} TFLOP/s, Triton {triton.__version__}")
+    # The package's path too: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH,
+    # so a copy of the package named there is not what runs from inside kernels/.
+    print(f"{torch.cuda.get_device_name()}: copy {copy:.0f} GB/s, matmul {mm:.0f} TFLOP/s, Triton {triton.__version__}"
+          f", {__package__} from {os.path.dirname(os.path.abspath(__file__))}")
     for spec in args.case:
         case = Case(*(int(x) for x in spec.split(",")), fp8=args.fp8)
         floor = max(case.kv_bytes() / copy / 1e3, case.flops() / mm / 1e6)
-        runs = [(t, c, m, pf, pdl, tail, splits, gt) for t in args.tile for c in (args.min_chunk or [None])
+        runs = [(t, c, m, pf, pdl, tail, splits, gt, tp) for t in args.tile for c in (args.min_chunk or [None])
                 for m in (args.merge or [None]) for pf in ((True, False) if args.no_prefetch else (True,))
                 for pdl in ((True, False) if args.no_pdl else (True,)) for tail in (args.tail_max or [0])
-                for splits in (args.splits or [None]) for gt in (args.gluon_tail or [None])]
-        for tile, chunk, merge, prefetch, pdl, tail, splits, gluon_tail in runs:
+                for splits in (args.splits or [None]) for gt in (args.gluon_tail or [None])
+                for tp in (args.tail_partition or [0])]
+        for tile, chunk, merge, prefetch, pdl, tail, splits, gluon_tail, tail_part in runs:
             try:
                 us, splits = time_config(case, tile, min_chunk=chunk, merge=merge, prefetch_slots=prefetch, pdl=pdl,
                                          wide=args.wide, tail_max=tail, splits=splits, gluon_tail=gluon_tail,
-                                         gluon_narrow=narrow, wide_min_rows=args.wide_min_rows)
+                                         gluon_narrow=narrow, wide_min_rows=args.wide_min_rows,
+                                         tail_partition=bool(tail_part))
                 merge = merge or (PORTABLE.merge_block_d, PORTABLE.merge_block_s)
                 print(f"{case.label:26} {_label(tile):<13} chunk {chunk or PORTABLE.min_chunk:<5} "
                       f"merge {merge[0]}x{merge[1]:<4}"
@@ -120,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{f' from {args.wide_min_rows} rows' if args.wide_min_rows else ''}"
                       f"{f' fused<={gluon_tail}' if gluon_tail is not None else ''}"
                       f"{f' narrow {_label(narrow)}' if narrow else ''}"
+                      f"{' tail-partition' if tail_part else ''}"
                       f"{us:9.1f} µs  {case.kv_bytes() / us / 1e3:6.0f} GB/s  {floor / us:5.1%} of floor  "
                       f"splits {splits}", flush=True)
             except Exception as exc:  # a tile that does not compile or fit is a result, not a crash

@@ -37,16 +37,18 @@ def test_every_config_and_variant_was_compiled_for_both_targets(fit_report):
 def test_hopper_gluon_wide_tile_is_compiled_where_triton_builds_it(fit_report):
     """The launcher runs prefix_hopper's kernel for HOPPER's wide tiles (bf16 and fp8) on the Triton releases
     in prefix_hopper.TESTED_TRITON: there both forms of each (with and without the fused row tail), and the
-    keys-major form of its narrow tiles (8 and 16 rows), must compile and fit sm_90 one program an
-    SM; elsewhere the fit report leaves them out (the launcher runs prefix.py's tiles)."""
+    keys-major form of its narrow tiles (8 and 16 rows), and the bf16 wide tile with its row tail on a
+    warpgroup of its own (prefix_hopper_ws: 12 warps), must compile and fit sm_90 one program an SM;
+    elsewhere the fit report leaves them out (the launcher runs prefix.py's tiles)."""
     from ddtree_kernels import prefix_hopper
 
-    gluon = [r for r in fit_report if r["kernel"] == "prefix_gluon"]
+    gluon = [r for r in fit_report if r["kernel"].startswith("prefix_gluon")]
     if prefix_hopper.unavailable_reason():
         assert not gluon
         return
     assert sorted(r["variant"] for r in gluon) == ["kv=bf16,v_from_k=True,narrow,rows=16",
                                                    "kv=bf16,v_from_k=True,narrow,rows=8",
+                                                   "kv=bf16,v_from_k=True,wide,tail-partition",
                                                    "kv=bf16,v_from_k=True,wide,tail=0",
                                                    "kv=bf16,v_from_k=True,wide,tail=8",
                                                    "kv=fp8e4nv,v_from_k=True,narrow,rows=16",
@@ -55,6 +57,8 @@ def test_hopper_gluon_wide_tile_is_compiled_where_triton_builds_it(fit_report):
                                                    "kv=fp8e4nv,v_from_k=True,wide,tail=8"]
     assert all(r["config"] == "hopper" and r["target"] == "sm_90" and r["fits"] for r in gluon), gluon
     assert all(r["resident_ctas"] >= 1 for r in gluon), gluon
+    ws = [r for r in gluon if r["kernel"] == "prefix_gluon_ws"]
+    assert [r["num_warps"] for r in ws] == [12], ws  # the block's 8 warps and the tail's 4
 
 
 def test_dependent_launch_chain_is_compiled_in(fit_report):

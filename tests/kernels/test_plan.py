@@ -225,3 +225,28 @@ def test_programmatic_dependent_launch_only_where_it_exists():
 
     assert not uses_pdl(HOPPER, torch.device("cpu"))
     assert not plan_verify(1, 8, 9, 9, "cpu", config=HOPPER).pdl  # the plan carries the decision
+
+
+@pytest.mark.parametrize("heads,tokens,kv_fp8,gluon,partition", [
+    (8, 9, False, True, True),     # GLM-5: 64 rows + an 8-row tail, bf16
+    (16, 9, False, True, True),    # two blocks of 72
+    (8, 33, False, True, True),    # four blocks of 66
+    (8, 9, True, True, False),     # fp8: prefix_hopper's kernel widens each tile in the block's stream
+    (8, 8, False, True, False),    # 64 rows: no tail
+    (8, 3, False, True, False),    # 24 rows: one masked block, no tail
+    (8, 1, False, True, False),    # decode: the keys-major tile
+    (8, 9, False, False, False),   # no Gluon kernel here (sm_120, or a Triton outside TESTED_TRITON)
+])
+def test_row_tail_takes_a_warpgroup_of_its_own_where_it_has_rows(heads, tokens, kv_fp8, gluon, partition):
+    """HOPPER runs a Gluon wide block's row tail on a partition of its own (prefix_hopper_ws) for a 16-bit
+    cache; every other plan keeps its kernel, and a config without the option never takes it."""
+    import dataclasses
+
+    from ddtree_kernels.configs import HOPPER
+    from ddtree_kernels.launcher import VerifyPlan
+
+    plan = VerifyPlan(1, heads, tokens, tokens, 512, 64, 132, HOPPER, kv_fp8=kv_fp8, pdl=True, gluon=gluon)
+    assert plan.tail_partition is partition
+    off = dataclasses.replace(HOPPER, gluon_tail_partition=False)
+    plan_off = VerifyPlan(1, heads, tokens, tokens, 512, 64, 132, off, kv_fp8=kv_fp8, pdl=True, gluon=gluon)
+    assert not plan_off.tail_partition
