@@ -181,6 +181,8 @@ PORTABLE = VerifyConfig(
 # programs read up to 8,192 partial values a step (32 x 256; 4,096 before): 1-3% on every verify shape.
 # Session 10: requests of 17-63 rows take the Gluon wide tile as one masked block (gluon_wide_min_rows 17):
 # 185k H8 n3 112.1 -> 72.4 µs, n7 205.6 -> 83.6, fp8 171.2 -> 94.1 and 322.3 -> 104.3.
+# Session 11: a 16-bit wide block's row tail on a warpgroup of its own (gluon_tail_partition,
+# prefix_hopper_ws.py): 185k H8 n9 109.2 -> 98.5 µs, H16 n9 186.5 -> 165.6, H8 n33 351.8 -> 308.4.
 HOPPER = dataclasses.replace(
     PORTABLE,
     prefix=dataclasses.replace(PORTABLE.prefix, ctas_per_sm=2),
