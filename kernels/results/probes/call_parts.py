@@ -1,8 +1,10 @@
-"""Session 11: graph time of one GLM-5 verify call with its tree kernel, its merge, or both replaced by
+"""Session 11: graph time of one verify call (GLM-5 by default) with its tree kernel, its merge, or both replaced by
 no-ops (timing only: the output is wrong without them), at two lengths, for whichever ddtree_kernels is
 first on PYTHONPATH. Which launch bounds the call once the prefix kernel gets faster?
 
-    cd kernels && PYTHONPATH=../scratch/<copy>:. python3 results/probes/call_parts.py <label>
+    cd kernels && PYTHONPATH=../scratch/<copy>:. python3 results/probes/call_parts.py <label> [--whole] [bs,L,H,n ...]
+
+--whole times the whole call only; cases default to GLM-5 at 64k and 185k.
 """
 import sys
 
@@ -19,15 +21,17 @@ class Skip:
 
 
 tag = sys.argv[1]
+whole_only = "--whole" in sys.argv[2:]
+cases = [Case(*(int(x) for x in a.split(","))) for a in sys.argv[2:] if a != "--whole"]
 kernels = {"tree": launcher.tree_block_kernel, "merge": launcher.merge_parts_kernel}
-for case in (Case(1, 65536, 8, 9), Case(1, 185000, 8, 9)):
+for case in cases or (Case(1, 65536, 8, 9), Case(1, 185000, 8, 9)):
     p = Problem(case, "cuda")
     T = case.bs * case.n
     plan = plan_verify(case.bs, case.H, case.n, T, "cuda")
     ws = Workspace.for_plan(plan, "cuda")
     out = torch.empty(T, case.H, 512, dtype=torch.bfloat16, device="cuda")
     times = []
-    for skipped in ((), ("tree",), ("merge",), ("tree", "merge")):
+    for skipped in ((),) if whole_only else ((), ("tree",), ("merge",), ("tree", "merge")):
         for name, kernel in kernels.items():
             setattr(launcher, f"{name}_block_kernel" if name == "tree" else "merge_parts_kernel",
                     Skip() if name in skipped else kernel)
