@@ -134,27 +134,26 @@ def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int, 
         out.append(("prefix", f"kv={kv},v_from_k={v_from_k}{role}", sig, const, pc.num_warps, pc.num_stages,
                     pc.ctas_per_sm))
     # prefix_hopper's tiles, where the installed Triton builds them (else the launcher never runs them).
-    # (cache dtype, tile, BLOCK_M, TAIL_N, role): a wide tile without and with a row tail in each block
+    # (kernel, cache dtype, tile, BLOCK_M, TAIL_N, role): a wide tile without and with a row tail in each block
     # (the launcher's fused_tail_rows), a keys-major tile with its rows as wgmma's N (VerifyPlan.gluon_rows).
     gluon_forms = []
     if not prefix_hopper.unavailable_reason():
-        gluon_forms += [(kv, wide, wide.block_m, tail, f"wide,tail={tail}")
+        gluon_forms += [("prefix_gluon", kv, wide, wide.block_m, tail, f"wide,tail={tail}")
                         for kv, wide in (("bf16", conf.prefix_wide), ("fp8e4nv", conf.prefix_wide_fp8_gluon))
                         if wide is not None and wide.gluon
                         for tail in sorted({0, prefix_hopper.tail_block(conf.gluon_tail_max_rows)})]
-        gluon_forms += [(kv, tile, 0, n, f"narrow,rows={n}")  # its least and most rows
+        gluon_forms += [("prefix_gluon", kv, tile, 0, n, f"narrow,rows={n}")  # its least and most rows
                         for kv, tile in (("bf16", conf.prefix_narrow_gluon), ("fp8e4nv", conf.prefix_narrow_fp8_gluon))
                         if tile is not None
                         for n in sorted({prefix_hopper.keys_major_block(r) for r in (1, tile.block_m)})]
         # ... and the wide tile with its row tail on a warpgroup of its own (prefix_hopper_ws), 16-bit caches only.
         if conf.gluon_tail_partition and conf.prefix_wide is not None and conf.prefix_wide.gluon:
-            gluon_forms.append(("bf16", conf.prefix_wide, conf.prefix_wide.block_m,
+            gluon_forms.append(("prefix_gluon_ws", "bf16", conf.prefix_wide, conf.prefix_wide.block_m,
                                 prefix_hopper.tail_block(conf.gluon_tail_max_rows), "wide,tail-partition"))
-    for kv, tile, block_m, tail, role in gluon_forms:
+    for kernel, kv, tile, block_m, tail, role in gluon_forms:
         const = dict(H=8, D_V=512, D_R=64, BLOCK_M=block_m, BLOCK_N=tile.block_n, NUM_STAGES=tile.num_stages,
                      TAIL_N=tail, KV_FP8=kv != "bf16", SCALE_FROM_PTR=False, USE_PDL=True, num_warps=tile.num_warps)
         sig = {k: ("*" + kv if v == "*KV" else v) for k, v in _GLUON_SIG.items()}
-        kernel = "prefix_gluon_ws" if role.endswith("tail-partition") else "prefix_gluon"
         out.append((kernel, f"kv={kv},v_from_k=True,{role}", sig, const, tile.num_warps, 1, tile.ctas_per_sm))
     for mode, name in ((1, "sglang_flat"), (0, "chain"), (2, "compact")):
         const = dict(dims, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, MASK_MODE=mode, DOT_FP32=False, USE_PDL=True)

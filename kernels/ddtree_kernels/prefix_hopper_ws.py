@@ -53,7 +53,8 @@ if not prefix_hopper.unavailable_reason():
     )
 
     # The tail partition's warps and the registers each of its threads may hold (setmaxnreg); the block's
-    # 256 threads get the rest.
+    # 256 threads get the rest. 8 tail warps do not build: 16 warps cap the whole kernel at 128 registers
+    # a thread, fewer than the block's value wgmma needs (ptxas C7602, session 11).
     TAIL_WARPS = gl.constexpr(4)
     TAIL_REGS = gl.constexpr(80)
 
