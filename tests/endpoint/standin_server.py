@@ -175,11 +175,17 @@ class _Handler(BaseHTTPRequestHandler):
         return steps
 
     def _emit(self, n: int):
-        """Yield token-count groups at the configured pace."""
-        time.sleep(self.b.ttft_s)
+        """Yield token-count groups at the configured pace.
+
+        Each group has a deadline counted from the request's start, so time spent writing
+        chunks (or a late wake-up on a busy machine) is caught up on the next sleep instead
+        of adding to every later step: the rates the tests check stay exact on average.
+        """
+        due = time.monotonic() + self.b.ttft_s
         for i, group in enumerate(self._schedule(n)):
             if i:
-                time.sleep(group / self.b.tokens_per_s)
+                due += group / self.b.tokens_per_s
+            time.sleep(max(0.0, due - time.monotonic()))
             yield group
 
     def _spec_details(self, n: int) -> dict:
