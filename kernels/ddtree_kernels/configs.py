@@ -183,6 +183,9 @@ PORTABLE = VerifyConfig(
 # 185k H8 n3 112.1 -> 72.4 µs, n7 205.6 -> 83.6, fp8 171.2 -> 94.1 and 322.3 -> 104.3.
 # Session 11: a 16-bit wide block's row tail on a warpgroup of its own (gluon_tail_partition,
 # prefix_hopper_ws.py): 185k H8 n9 109.2 -> 98.5 µs, H16 n9 186.5 -> 165.6, H8 n33 351.8 -> 308.4.
+# Session 13: that tile stages its part through shared memory, and GLM-5's last 3 splits are left to the
+# tree kernel's programs (VerifyPlan.split_reserve): 185k H8 n9 99.0 -> 96.2 µs, 128k 75.3 -> 73.9,
+# H16 n9 165.9 -> 162.4; 8k 27.7 -> 29.1 (sweep log, session 13).
 HOPPER = dataclasses.replace(
     PORTABLE,
     prefix=dataclasses.replace(PORTABLE.prefix, ctas_per_sm=2),

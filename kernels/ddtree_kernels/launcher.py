@@ -100,6 +100,18 @@ class VerifyPlan:
                 and block_m > 0 and tail_n > 0)
 
     @cached_property
+    def split_reserve(self) -> int:
+        """Splits at the end of the grid that get no keys: as many as the tree kernel has programs, where
+        the warp-specialized tile runs with PDL and that is at most 1/16 of the splits (else 0). The tree
+        kernel launches first and holds its SMs ~8 µs, so the prefix programs launched last start that much
+        later; with every split busy the call waited for them (GLM-5 185k: the last key loops ended 7.6 µs
+        after the median, `probes/stamps_timeline.py`). Chunking the keys over the others costs at most one
+        key tile a split: GLM-5 185k 101.1 -> 98.5 µs, 160k 91.0 -> 88.1 (sweep log, session 13 (8))."""
+        tree_programs = self.row_blocks(self.config.tree.block_m) * self.batch_size
+        fits = tree_programs * 16 <= self.num_splits
+        return tree_programs if self.pdl and self.tail_partition and fits else 0
+
+    @cached_property
     def head_blocks(self) -> tuple[int, int]:
         """(BLOCK_DV, BLOCK_DR): the value and rope widths padded to powers of two."""
         return _pow2_at_least(self.d_v), _pow2_at_least(self.d_rope)
@@ -386,7 +398,7 @@ def run_verify(
                       else prefix_hopper.prefix_wide_hopper_kernel)
             kernel[(row_blocks, plan.num_splits, plan.batch_size)](
                 q, k_buf, kv_indices, qo_indptr, kv_indptr, o_part, lse_part,
-                k_s, v_s, qk_scale_log2, conf.min_chunk, row_base, row_stride,
+                k_s, v_s, qk_scale_log2, conf.min_chunk, plan.split_reserve, row_base, row_stride,
                 q.stride(0), q.stride(1), k_buf.stride(0), *part_strides,
                 H=H, D_V=d_v, D_R=d_r, BLOCK_M=block_m, BLOCK_N=pc.block_n, NUM_STAGES=pc.num_stages,
                 TAIL_N=tail_n, KV_FP8=kv_fp8, SCALE_FROM_PTR=scale_from_ptr, USE_PDL=pdl,

@@ -250,3 +250,38 @@ def test_row_tail_takes_a_warpgroup_of_its_own_where_it_has_rows(heads, tokens, 
     off = dataclasses.replace(HOPPER, gluon_tail_partition=False)
     plan_off = VerifyPlan(1, heads, tokens, tokens, 512, 64, 132, off, kv_fp8=kv_fp8, pdl=True, gluon=gluon)
     assert not plan_off.tail_partition
+
+
+@pytest.mark.parametrize("batch,heads,tokens,pdl,reserve", [
+    (1, 8, 9, True, 3),      # GLM-5: 72 rows, three 32-row tree programs
+    (1, 16, 9, True, 0),     # 144 rows: five tree programs, more than 1/16 of 66 splits (two blocks each)
+    (1, 8, 9, False, 0),     # no PDL: the tree kernel ends before the prefix kernel starts
+    (4, 8, 9, True, 0),      # 12 tree programs are more than 1/16 of the splits
+    (1, 8, 33, True, 0),     # 264 rows: nine, more than 1/16 of 33 splits
+    (1, 8, 8, True, 0),      # 64 rows: no row tail, no warp-specialized tile
+])
+def test_splits_left_to_the_tree_programs(batch, heads, tokens, pdl, reserve):
+    """Where the warp-specialized tile runs with PDL, the last splits, as many as the tree kernel has programs,
+    get no keys (their programs start on the SMs the tree kernel frees), unless that is over 1/16 of them."""
+    from ddtree_kernels.configs import HOPPER
+    from ddtree_kernels.launcher import VerifyPlan, prefix_launches
+
+    rows = heads * tokens
+    blocks = sum(b for _, _, b in prefix_launches(HOPPER, rows, kv_fp8=False, v_from_k=True, gluon=True))
+    splits = split_count(blocks * batch, 132, HOPPER.max_splits)
+    plan = VerifyPlan(batch, heads, tokens, batch * tokens, 512, 64, splits, HOPPER, pdl=pdl, gluon=True)
+    assert plan.split_reserve == reserve
+    if reserve:
+        assert reserve == plan.row_blocks(HOPPER.tree.block_m) * batch and reserve * 16 <= splits
+
+
+def test_both_gluon_wide_kernels_take_one_argument_list():
+    """The launcher calls prefix_hopper's wide kernel or its warp-specialized form with the same arguments."""
+    from ddtree_kernels import prefix_hopper
+
+    if prefix_hopper.unavailable_reason():
+        pytest.skip(prefix_hopper.unavailable_reason())
+    from ddtree_kernels import prefix_hopper_ws
+
+    assert prefix_hopper_ws.prefix_wide_ws_kernel.arg_names == prefix_hopper.prefix_wide_hopper_kernel.arg_names
+    assert "split_reserve" in prefix_hopper.prefix_wide_hopper_kernel.arg_names
