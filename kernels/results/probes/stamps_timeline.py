@@ -1,7 +1,8 @@
 """Session 13: where a verify call's fixed cost goes. %globaltimer stamps written by each program of the
 tree kernel, the warp-specialized prefix kernel and the merge (`stamps.patch`, applied to a copy of the
-package), read after one graph replay of one call with L2 flushed by a read first (as the bench), five
-replays, medians. Times are µs from the tree kernel's first program start.
+package; `stamps-ac5511c.patch` for commit ac5511c's, which the session-13 (4) figures used), read after
+one graph replay of one call with L2 flushed by a read first (as the bench), five replays, medians.
+Times are µs from the tree kernel's first program start.
 
     mkdir -p scratch/stamp && cp -r kernels/ddtree_kernels scratch/stamp/ && \
         (cd scratch/stamp && patch -p2 < ../../kernels/results/probes/stamps.patch)
@@ -53,7 +54,8 @@ def one_replay(graph: torch.cuda.CUDAGraph, stamps: torch.Tensor, flush: torch.T
         v = us(merge[:, k])
         out[f"merge {name} min"], out[f"merge {name} med"], out[f"merge {name} max"] = (
             min(v), statistics.median(v), max(v))
-    d = (pre[:, 1:7] - pre[:, 0:6]).double() / 1e3
+    full = pre[(pre[:, :7] > 0).all(1)]  # programs with an empty chunk write no first-tile stamp
+    d = (full[:, 1:7] - full[:, 0:6]).double() / 1e3
     for k, name in enumerate(("queries", "first tile", "key loop", "block store", "tail store", "final wait")):
         out[f"per program: {name} med"] = d[:, k].median().item()
     entries = pre[:, 0]
