@@ -1,7 +1,7 @@
-"""Session 12: graph time and error against the float64 reference of one verify call per case, for two
-copies of ddtree_kernels loaded side by side in one process and timed case by case in turn (A, B, A), so
-drift between them stays small. Written to compare launch orders (`tree_after_prefix.patch`), with the
-patched copy's correctness checked in the same run.
+"""Session 12: graph time and error against the float64 reference of one verify call per case, for two or
+more copies of ddtree_kernels loaded side by side in one process and timed case by case in turn (A, B, ...,
+A), so drift between them stays small. Written to compare launch orders (`tree_after_prefix.patch`), with
+each copy's correctness checked in the same run; session 13 timed every variant it tried this way.
 
     cd kernels && python3 results/probes/order_check.py head=ddtree_kernels tap=../scratch/tap/ddtree_kernels \
         [bs,L,H,n ...]
