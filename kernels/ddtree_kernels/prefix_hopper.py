@@ -171,6 +171,44 @@ if not _GLUON_ERROR:
         return mt_new, lt_acc, alpha_t
 
     @gluon.jit
+    def _gather_ahead(g_nope, g_rope, kv_indices, kv_base, K_buf, lo, hi, stride_ks, AHEAD: gl.constexpr,
+                      D_V: gl.constexpr, D_R: gl.constexpr, BLOCK_N: gl.constexpr, NOPE_LAYOUT: gl.constexpr,
+                      ROPE_LAYOUT: gl.constexpr):
+        """Gather the chunk's first AHEAD key tiles into stages 0 .. AHEAD - 1 and return the slots of tile AHEAD:
+        each gather's slots are loaded an iteration before it, or its addresses would wait for a dependent
+        global load every iteration."""
+        for t in gl.static_range(AHEAD):
+            slot_n, slot_r = _tile_slots(kv_indices, kv_base, lo + t * BLOCK_N, hi, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
+            _gather_tile(g_nope.index(t), g_rope.index(t), slot_n, slot_r, K_buf, lo + t * BLOCK_N, hi,
+                         stride_ks, D_V, D_R, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
+        return _tile_slots(kv_indices, kv_base, lo + AHEAD * BLOCK_N, hi, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
+
+    @gluon.jit
+    def _keys_major_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, H: gl.constexpr,
+                            D_V: gl.constexpr, D_R: gl.constexpr, TAIL_N: gl.constexpr, BLOCK_N: gl.constexpr,
+                            NOPE_LAYOUT: gl.constexpr, ROPE_LAYOUT: gl.constexpr, dtype: gl.constexpr):
+        """The keys-major rows' shared buffers: their queries (rows first_row .. first_row + TAIL_N, as
+        `_load_queries`) and P transposed ([TAIL_N, BLOCK_N]), all wgmma B operands in `dtype`."""
+        tn_smem = _load_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, 0, TAIL_N, D_V, H, NOPE_LAYOUT,
+                                gl.NVMMASharedLayout.get_default_for([TAIL_N, D_V], dtype), dtype)
+        tr_smem = _load_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, D_V, TAIL_N, D_R, H, ROPE_LAYOUT,
+                                gl.NVMMASharedLayout.get_default_for([TAIL_N, D_R], dtype), dtype)
+        pt_smem = gl.allocate_shared_memory(dtype, [TAIL_N, BLOCK_N],
+                                            gl.NVMMASharedLayout.get_default_for([TAIL_N, BLOCK_N], dtype))
+        return tn_smem, tr_smem, pt_smem
+
+    @gluon.jit
+    def _keys_major_state(D_V: gl.constexpr, BLOCK_N: gl.constexpr, TAIL_N: gl.constexpr, ST_LAYOUT: gl.constexpr):
+        """The keys-major rows' online-softmax state at the start of a chunk: (output [D_V, TAIL_N], per-element
+        sums, running maxima, a zero score tile, the key offsets of a tile)."""
+        acc_t = gl.zeros([D_V, TAIL_N], gl.float32, ST_LAYOUT)
+        lt_acc = gl.zeros([BLOCK_N, TAIL_N], gl.float32, ST_LAYOUT)
+        m_t = gl.full([TAIL_N], float("-inf"), gl.float32, gl.SliceLayout(0, ST_LAYOUT))
+        st_zero = gl.zeros([BLOCK_N, TAIL_N], gl.float32, ST_LAYOUT)
+        offs_tn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ST_LAYOUT))
+        return acc_t, lt_acc, m_t, st_zero, offs_tn
+
+    @gluon.jit
     def _load_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, COL0: gl.constexpr, ROWS: gl.constexpr,
                       COLS: gl.constexpr, H: gl.constexpr, LAYOUT: gl.constexpr, SMEM: gl.constexpr,
                       SMEM_DTYPE: gl.constexpr):
@@ -264,13 +302,8 @@ if not _GLUON_ERROR:
         else:
             k_smem = g_nope
             r_smem = g_rope
-        for t in gl.static_range(AHEAD):
-            slot_n, slot_r = _tile_slots(kv_indices, kv_base, lo + t * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
-            _gather_tile(g_nope.index(t), g_rope.index(t), slot_n, slot_r, K_buf, lo + t * BLOCK_N, hi,
-                         stride_ks, D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
-        # The slots of each gather are loaded an iteration before it: the gather's addresses would
-        # otherwise wait for a dependent global load every iteration.
-        slot_n, slot_r = _tile_slots(kv_indices, kv_base, lo + AHEAD * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
+        slot_n, slot_r = _gather_ahead(g_nope, g_rope, kv_indices, kv_base, K_buf, lo, hi, stride_ks, AHEAD, D_V, D_R,
+                                       BLOCK_N, G_NOPE, G_ROPE)
 
         if BLOCK_M > 0:
             qn_smem = _load_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, 0, BLOCK_M, D_V, H,
@@ -289,17 +322,10 @@ if not _GLUON_ERROR:
             # share of the columns), on the same key tiles. P goes through shared memory: wgmma's B operand.
             ST_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                                 instr_shape=[16, TAIL_N, 16])
-            PT_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TAIL_N, BLOCK_N], dtype)
-            tn_smem = _load_queries(Q, q_start, first_row + BLOCK_M, row_end, stride_qt, stride_qh, 0, TAIL_N, D_V, H,
-                                    NOPE_LAYOUT, gl.NVMMASharedLayout.get_default_for([TAIL_N, D_V], dtype), dtype)
-            tr_smem = _load_queries(Q, q_start, first_row + BLOCK_M, row_end, stride_qt, stride_qh, D_V, TAIL_N, D_R, H,
-                                    ROPE_LAYOUT, gl.NVMMASharedLayout.get_default_for([TAIL_N, D_R], dtype), dtype)
-            pt_smem = gl.allocate_shared_memory(dtype, [TAIL_N, BLOCK_N], PT_SMEM)
-            acc_t = gl.zeros([D_V, TAIL_N], gl.float32, ST_LAYOUT)
-            lt_acc = gl.zeros([BLOCK_N, TAIL_N], gl.float32, ST_LAYOUT)
-            m_t = gl.full([TAIL_N], float("-inf"), gl.float32, gl.SliceLayout(0, ST_LAYOUT))
-            st_zero = gl.zeros([BLOCK_N, TAIL_N], gl.float32, ST_LAYOUT)
-            offs_tn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ST_LAYOUT))
+            tn_smem, tr_smem, pt_smem = _keys_major_queries(Q, q_start, first_row + BLOCK_M, row_end, stride_qt,
+                                                            stride_qh, H, D_V, D_R, TAIL_N, BLOCK_N, NOPE_LAYOUT,
+                                                            ROPE_LAYOUT, dtype)
+            acc_t, lt_acc, m_t, st_zero, offs_tn = _keys_major_state(D_V, BLOCK_N, TAIL_N, ST_LAYOUT)
 
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
         for i in range(n_tiles):
@@ -412,23 +438,12 @@ if not _GLUON_ERROR:
                                            gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], kv_dtype))
         g_rope = gl.allocate_shared_memory(kv_dtype, [NUM_STAGES, BLOCK_N, D_R],
                                            gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_R], kv_dtype))
-        for t in gl.static_range(AHEAD):
-            slot_n, slot_r = _tile_slots(kv_indices, kv_base, lo + t * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
-            _gather_tile(g_nope.index(t), g_rope.index(t), slot_n, slot_r, K_buf, lo + t * BLOCK_N, hi,
-                         stride_ks, D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
-        slot_n, slot_r = _tile_slots(kv_indices, kv_base, lo + AHEAD * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
+        slot_n, slot_r = _gather_ahead(g_nope, g_rope, kv_indices, kv_base, K_buf, lo, hi, stride_ks, AHEAD, D_V, D_R,
+                                       BLOCK_N, G_NOPE, G_ROPE)
 
-        PT_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TAIL_N, BLOCK_N], dtype)
-        tn_smem = _load_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, 0, TAIL_N, D_V, H,
-                                NOPE_LAYOUT, gl.NVMMASharedLayout.get_default_for([TAIL_N, D_V], dtype), dtype)
-        tr_smem = _load_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, D_V, TAIL_N, D_R, H,
-                                ROPE_LAYOUT, gl.NVMMASharedLayout.get_default_for([TAIL_N, D_R], dtype), dtype)
-        pt_smem = gl.allocate_shared_memory(dtype, [TAIL_N, BLOCK_N], PT_SMEM)
-        acc_t = gl.zeros([D_V, TAIL_N], gl.float32, ST_LAYOUT)
-        lt_acc = gl.zeros([BLOCK_N, TAIL_N], gl.float32, ST_LAYOUT)
-        m_t = gl.full([TAIL_N], float("-inf"), gl.float32, gl.SliceLayout(0, ST_LAYOUT))
-        st_zero = gl.zeros([BLOCK_N, TAIL_N], gl.float32, ST_LAYOUT)
-        offs_tn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ST_LAYOUT))
+        tn_smem, tr_smem, pt_smem = _keys_major_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, H, D_V,
+                                                        D_R, TAIL_N, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT, dtype)
+        acc_t, lt_acc, m_t, st_zero, offs_tn = _keys_major_state(D_V, BLOCK_N, TAIL_N, ST_LAYOUT)
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
         for i in range(n_tiles):
             stage = i % NUM_STAGES

@@ -45,8 +45,11 @@ if not prefix_hopper.unavailable_reason():
         _block_softmax,
         _cta_barrier,
         _dequant_scales,
+        _gather_ahead,
         _gather_tile,
         _grid_dependency,
+        _keys_major_queries,
+        _keys_major_state,
         _load_queries,
         _opaque_zero,
         _program_work,
@@ -108,11 +111,8 @@ if not prefix_hopper.unavailable_reason():
                                                      warps_per_cta=[8, 1], order=[1, 0])
         AHEAD: gl.constexpr = NUM_STAGES - 1
         dtype: gl.constexpr = g_nope.dtype
-        for t in gl.static_range(AHEAD):
-            slot_n, slot_r = _tile_slots(kv_indices, kv_base, lo + t * BLOCK_N, hi, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
-            _gather_tile(g_nope.index(t), g_rope.index(t), slot_n, slot_r, K_buf, lo + t * BLOCK_N, hi,
-                         stride_ks, D_V, D_R, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
-        slot_n, slot_r = _tile_slots(kv_indices, kv_base, lo + AHEAD * BLOCK_N, hi, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
+        slot_n, slot_r = _gather_ahead(g_nope, g_rope, kv_indices, kv_base, K_buf, lo, hi, stride_ks, AHEAD, D_V, D_R,
+                                       BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
         acc = gl.zeros([BLOCK_M, D_V], gl.float32, O_LAYOUT)
         l_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT)
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, S_LAYOUT))
@@ -172,11 +172,7 @@ if not prefix_hopper.unavailable_reason():
         """The row tail, keys-major (its rows are wgmma's N) on 4 warps, on the block partition's key tiles."""
         ST_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[TAIL_WARPS, 1],
                                                             instr_shape=[16, TAIL_N, 16])
-        acc_t = gl.zeros([D_V, TAIL_N], gl.float32, ST_LAYOUT)
-        lt_acc = gl.zeros([BLOCK_N, TAIL_N], gl.float32, ST_LAYOUT)
-        m_t = gl.full([TAIL_N], float("-inf"), gl.float32, gl.SliceLayout(0, ST_LAYOUT))
-        st_zero = gl.zeros([BLOCK_N, TAIL_N], gl.float32, ST_LAYOUT)
-        offs_tn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ST_LAYOUT))
+        acc_t, lt_acc, m_t, st_zero, offs_tn = _keys_major_state(D_V, BLOCK_N, TAIL_N, ST_LAYOUT)
         for i in range(n_tiles):
             stage = i % NUM_STAGES
             phase = (i // NUM_STAGES) & 1
@@ -253,12 +249,8 @@ if not prefix_hopper.unavailable_reason():
                                 gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_R], dtype), dtype)
         # The tail's queries: rows first_row + BLOCK_M ... (zeros past row_end).
         tail_row = first_row + BLOCK_M
-        tn_smem = _load_queries(Q, q_start, tail_row, row_end, stride_qt, stride_qh, 0, TAIL_N, D_V, H, NOPE_LAYOUT,
-                                gl.NVMMASharedLayout.get_default_for([TAIL_N, D_V], dtype), dtype)
-        tr_smem = _load_queries(Q, q_start, tail_row, row_end, stride_qt, stride_qh, D_V, TAIL_N, D_R, H, ROPE_LAYOUT,
-                                gl.NVMMASharedLayout.get_default_for([TAIL_N, D_R], dtype), dtype)
-        pt_smem = gl.allocate_shared_memory(dtype, [TAIL_N, BLOCK_N],
-                                            gl.NVMMASharedLayout.get_default_for([TAIL_N, BLOCK_N], dtype))
+        tn_smem, tr_smem, pt_smem = _keys_major_queries(Q, q_start, tail_row, row_end, stride_qt, stride_qh, H, D_V,
+                                                        D_R, TAIL_N, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT, dtype)
         ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         scored = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         done = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
