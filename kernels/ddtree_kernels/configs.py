@@ -188,7 +188,8 @@ PORTABLE = VerifyConfig(
 # H16 n9 165.9 -> 162.4; 8k 27.7 -> 29.1 (sweep log, session 13).
 # Session 14: the keys-major fp8 tile loads its wgmmas' left operands from the 8-bit stages into registers
 # and widens them there (prefix_hopper._attend_rows_fp8): no 16-bit tile in shared memory, so two programs
-# an SM with two stages each: 185k H8 n1 fp8 66.7 -> 51.8 µs, bs4 228 -> 162, 64k 34.3 -> 29.0 (sweep log).
+# an SM with two stages each: 185k H8 n1 fp8 66.7 -> 51.8 µs, bs4 228 -> 162, 64k 34.3 -> 29.0; its key operand
+# loaded as contiguous bytes (prefix_hopper._key_column): 51.0 -> 49.2 (sweep log, session 14 (4), (8)).
 HOPPER = dataclasses.replace(
     PORTABLE,
     prefix=dataclasses.replace(PORTABLE.prefix, ctas_per_sm=2),

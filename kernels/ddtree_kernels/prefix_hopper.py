@@ -29,7 +29,7 @@ out of the compiler's hands:
   tensor cores (configs: prefix_narrow_gluon).
   On an fp8 cache that form (`_attend_rows_fp8`) loads each wgmma's left operand, the key tile
   or its transpose, from the 8-bit stage into registers and widens it there: no 16-bit tile in
-  shared memory, so two programs share an SM (decode 185k: 66.7 -> 51.8 µs, sweep log session 14).
+  shared memory, so two programs share an SM (decode 185k: 66.7 -> 49.2 µs, sweep log session 14).
 
 Same grid and partial outputs as `prefix_split_kernel` (merge.py combines them), for a
 bf16/fp16/fp8 cache whose values are the keys' first D_V columns, D_V = 512 and D_R = 64
@@ -186,13 +186,15 @@ if not _GLUON_ERROR:
     @gluon.jit
     def _keys_major_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, H: gl.constexpr,
                             D_V: gl.constexpr, D_R: gl.constexpr, TAIL_N: gl.constexpr, BLOCK_N: gl.constexpr,
-                            NOPE_LAYOUT: gl.constexpr, ROPE_LAYOUT: gl.constexpr, dtype: gl.constexpr):
+                            NOPE_LAYOUT: gl.constexpr, ROPE_LAYOUT: gl.constexpr, dtype: gl.constexpr,
+                            PERMUTED: gl.constexpr = False):
         """The keys-major rows' shared buffers: their queries (rows first_row .. first_row + TAIL_N, as
-        `_load_queries`) and P transposed ([TAIL_N, BLOCK_N]), all wgmma B operands in `dtype`."""
+        `_load_queries`, columns permuted with PERMUTED) and P transposed ([TAIL_N, BLOCK_N]), all wgmma B
+        operands in `dtype`."""
         tn_smem = _load_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, 0, TAIL_N, D_V, H, NOPE_LAYOUT,
-                                gl.NVMMASharedLayout.get_default_for([TAIL_N, D_V], dtype), dtype)
+                                gl.NVMMASharedLayout.get_default_for([TAIL_N, D_V], dtype), dtype, PERMUTED)
         tr_smem = _load_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, D_V, TAIL_N, D_R, H, ROPE_LAYOUT,
-                                gl.NVMMASharedLayout.get_default_for([TAIL_N, D_R], dtype), dtype)
+                                gl.NVMMASharedLayout.get_default_for([TAIL_N, D_R], dtype), dtype, PERMUTED)
         pt_smem = gl.allocate_shared_memory(dtype, [TAIL_N, BLOCK_N],
                                             gl.NVMMASharedLayout.get_default_for([TAIL_N, BLOCK_N], dtype))
         return tn_smem, tr_smem, pt_smem
@@ -211,13 +213,18 @@ if not _GLUON_ERROR:
     @gluon.jit
     def _load_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, COL0: gl.constexpr, ROWS: gl.constexpr,
                       COLS: gl.constexpr, H: gl.constexpr, LAYOUT: gl.constexpr, SMEM: gl.constexpr,
-                      SMEM_DTYPE: gl.constexpr):
+                      SMEM_DTYPE: gl.constexpr, PERMUTED: gl.constexpr = False):
         """Query rows first_row .. first_row + ROWS (zeros from row_end on), columns COL0 .. COL0 + COLS,
         into shared memory in the cache's dtype (a wgmma operand for the whole loop), as a [1, ROWS,
-        COLS] buffer for `.index(_opaque_zero())`."""
+        COLS] buffer for `.index(_opaque_zero())`. PERMUTED: columns in `_key_column`'s order, in chunks
+        of up to 128 (`_key_operand`'s)."""
         offs = first_row + gl.arange(0, ROWS, layout=gl.SliceLayout(1, LAYOUT))
         ptrs = Q + (q_start + offs // H).to(gl.int64)[:, None] * stride_qt + (offs % H)[:, None] * stride_qh
-        cols = COL0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, LAYOUT))
+        cols = gl.arange(0, COLS, layout=gl.SliceLayout(0, LAYOUT))
+        if PERMUTED:
+            CHUNK: gl.constexpr = 128 if COLS > 128 else COLS
+            cols = cols // CHUNK * CHUNK + _key_column(cols % CHUNK, CHUNK)
+        cols = COL0 + cols
         q = gl.load(ptrs + cols[None, :], mask=(offs < row_end)[:, None], other=0.0)
         buf = gl.allocate_shared_memory(SMEM_DTYPE, [1, ROWS, COLS], SMEM)
         buf.index(0).store(q.to(SMEM_DTYPE))
@@ -410,6 +417,32 @@ if not _GLUON_ERROR:
                         offs_t < row_end, split, stride_or, stride_op, stride_lr, D_V, 1, ST_LAYOUT)
 
     @gluon.jit
+    def _key_column(k, W: gl.constexpr):
+        """The column of a W-wide chunk (128 or 64) that column k of `_key_operand` holds: k = 16s + 8f + 2c + e
+        holds W/4 c + 4s + 2f + e. The queries are staged in the same order, so the scores are unchanged."""
+        return (k % 8 // 2) * (W // 4) + (k // 16) * 4 + (k // 8 % 2) * 2 + k % 2
+
+    @gluon.jit
+    def _key_operand(chunk, A_LAYOUT: gl.constexpr, dtype: gl.constexpr):
+        """An 8-bit [64 keys, W] slice of the key tile (W 128 or 64) as the scores' wgmma A operand in registers,
+        widened to `dtype`, its columns in `_key_column`'s order: each thread then loads W/4 contiguous bytes of
+        a key row instead of 2-byte pairs (4 warps)."""
+        W: gl.constexpr = chunk.shape[1]
+        if W == 128:
+            K_LOAD: gl.constexpr = gl.DistributedLinearLayout(
+                reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [8, 0]],
+                lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]],
+                warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 128])
+            k = gl.permute(gl.reshape(chunk.load(K_LOAD), [64, 4, 8, 2, 2]), (0, 2, 3, 1, 4))
+        else:
+            K_LOAD: gl.constexpr = gl.DistributedLinearLayout(
+                reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [8, 0]],
+                lane_bases=[[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]],
+                warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 64])
+            k = gl.permute(gl.reshape(chunk.load(K_LOAD), [64, 4, 4, 2, 2]), (0, 2, 3, 1, 4))
+        return gl.convert_layout(gl.reshape(k, [64, W]), A_LAYOUT).to(dtype)
+
+    @gluon.jit
     def _attend_rows_fp8(
         Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2, v_scale,
         q_start, row_end, kv_base, lo, hi, first_row, split,
@@ -419,7 +452,11 @@ if not _GLUON_ERROR:
     ):
         """The keys-major rows alone (BLOCK_M 0) on an fp8 cache: each wgmma's left operand (the key tile for
         the scores, the value tile transposed for the output) is loaded from the 8-bit stage straight into
-        registers and widened there, so no 16-bit tile is written to shared memory and read back."""
+        registers and widened there, so no 16-bit tile is written to shared memory and read back. The key
+        operand's columns, and the staged queries', are permuted (`_key_column`) so that a thread loads contiguous
+        bytes. The transposed value operand is loaded a byte at a time: permuting its rows the same way
+        (undone at the store) was slower under Triton 3.6 (185k decode 51.0 -> 59.6 µs, sweep log session 14 (8))."""
+        gl.static_assert(WARPS == 4 and BLOCK_N == 64, "_key_operand's load layout: one warpgroup, 64 keys")
         ST_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                             instr_shape=[16, TAIL_N, 16])
         A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ST_LAYOUT, k_width=2)
@@ -442,7 +479,7 @@ if not _GLUON_ERROR:
                                        BLOCK_N, G_NOPE, G_ROPE)
 
         tn_smem, tr_smem, pt_smem = _keys_major_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, H, D_V,
-                                                        D_R, TAIL_N, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT, dtype)
+                                                        D_R, TAIL_N, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT, dtype, True)
         acc_t, lt_acc, m_t, st_zero, offs_tn = _keys_major_state(D_V, BLOCK_N, TAIL_N, ST_LAYOUT)
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
         for i in range(n_tiles):
@@ -455,13 +492,13 @@ if not _GLUON_ERROR:
             k8 = g_nope.index(stage)
             z = _opaque_zero()
             tq = tn_smem.index(z)
-            st = warpgroup_mma(k8.slice(0, 128, dim=1).load(A_LAYOUT).to(dtype),
+            st = warpgroup_mma(_key_operand(k8.slice(0, 128, dim=1), A_LAYOUT, dtype),
                                tq.slice(0, 128, dim=1).permute((1, 0)), st_zero, use_acc=False, is_async=True)
             for c in gl.static_range(128, D_V, 128):
-                st = warpgroup_mma(k8.slice(c, 128, dim=1).load(A_LAYOUT).to(dtype),
+                st = warpgroup_mma(_key_operand(k8.slice(c, 128, dim=1), A_LAYOUT, dtype),
                                    tq.slice(c, 128, dim=1).permute((1, 0)), st, is_async=True)
-            st = warpgroup_mma(g_rope.index(stage).load(A_LAYOUT).to(dtype), tr_smem.index(z).permute((1, 0)), st,
-                               is_async=True)
+            st = warpgroup_mma(_key_operand(g_rope.index(stage), A_LAYOUT, dtype), tr_smem.index(z).permute((1, 0)),
+                               st, is_async=True)
             ahead = lo + (i + AHEAD) * BLOCK_N
             free = (i + AHEAD) % NUM_STAGES
             _gather_tile(g_nope.index(free), g_rope.index(free), slot_n, slot_r, K_buf, ahead, hi, stride_ks,
