@@ -455,7 +455,7 @@ if not _GLUON_ERROR:
         registers and widened there, so no 16-bit tile is written to shared memory and read back. The key
         operand's columns, and the staged queries', are permuted (`_key_column`) so that a thread loads contiguous
         bytes. The transposed value operand is loaded a byte at a time: permuting its rows the same way
-        (undone at the store) was slower under Triton 3.6 (185k decode 51.0 -> 59.6 µs, sweep log session 14 (8))."""
+        (undone at the store) was slower under Triton 3.6 (185k decode 51.0 -> 62.2 µs, sweep log session 14 (8))."""
         gl.static_assert(WARPS == 4 and BLOCK_N == 64, "_key_operand's load layout: one warpgroup, 64 keys")
         ST_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                             instr_shape=[16, TAIL_N, 16])
