@@ -84,8 +84,9 @@ class VerifyConfig:
     # them, up to this many a block (launcher.fused_tail_rows): their queries and P fit the shared
     # memory a block has left.
     gluon_tail_max_rows: int = 8
-    # Those tail rows (bf16/fp16 cache) on a warpgroup of their own beside the block's two
-    # (prefix_hopper_ws.py, warp-specialized) instead of after the block in its instruction stream.
+    # A bf16/fp16 cache's wide tile warp-specialized (prefix_hopper_ws.py): one warpgroup scores the
+    # block, two accumulate its values, one takes those tail rows, instead of prefix_hopper.py's two
+    # warpgroups doing all of it in one instruction stream.
     gluon_tail_partition: bool = False
     # Prefetch each split's slot indices into L2 before its loop (PTX prefetch): the gather of
     # every key tile waits on them, so each iteration would otherwise wait for a DRAM trip.
@@ -190,6 +191,10 @@ PORTABLE = VerifyConfig(
 # and widens them there (prefix_hopper._attend_rows_fp8): no 16-bit tile in shared memory, so two programs
 # an SM with two stages each: 185k H8 n1 fp8 66.7 -> 51.8 µs, bs4 228 -> 162, 64k 34.3 -> 29.0; its key operand
 # loaded as contiguous bytes (prefix_hopper._key_column): 51.0 -> 49.2 (sweep log, session 14 (4), (8)).
+# Session 15: the warp-specialized tile scores its block on one warpgroup (all 64 keys: the queries are
+# read from shared memory once a tile instead of once per warpgroup) and hands P to the second value
+# warpgroup; `ready` completes on the copies landing: 185k H8 n9 96.0 -> 83.3 µs, 128k 73.9 -> 64.9,
+# 64k 49.4 -> 44.4, H8 n33 302.6 -> 251.2 (sweep log, session 15 (1), (4)).
 HOPPER = dataclasses.replace(
     PORTABLE,
     prefix=dataclasses.replace(PORTABLE.prefix, ctas_per_sm=2),

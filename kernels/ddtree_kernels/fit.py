@@ -24,7 +24,7 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
-from . import prefix_hopper
+from . import prefix_hopper, prefix_hopper_ws
 from .configs import SHARED_MEMORY_LIMIT, SHARED_MEMORY_PER_SM, SHIPPED, VerifyConfig, capabilities_choosing
 from .launcher import merge_tile
 
@@ -146,15 +146,17 @@ def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int, 
                         for kv, tile in (("bf16", conf.prefix_narrow_gluon), ("fp8e4nv", conf.prefix_narrow_fp8_gluon))
                         if tile is not None
                         for n in sorted({prefix_hopper.keys_major_block(r) for r in (1, tile.block_m)})]
-        # ... and the wide tile with its row tail on a warpgroup of its own (prefix_hopper_ws), 16-bit caches only.
+        # ... and the warp-specialized wide tile (prefix_hopper_ws: scorer, values, row tail), 16-bit caches only.
         if conf.gluon_tail_partition and conf.prefix_wide is not None and conf.prefix_wide.gluon:
             gluon_forms.append(("prefix_gluon_ws", "bf16", conf.prefix_wide, conf.prefix_wide.block_m,
                                 prefix_hopper.tail_block(conf.gluon_tail_max_rows), "wide,tail-partition"))
     for kernel, kv, tile, block_m, tail, role in gluon_forms:
+        # The warp-specialized kernel launches with its scorer's warps (the launcher's KERNEL_WARPS).
+        warps = prefix_hopper_ws.KERNEL_WARPS if kernel == "prefix_gluon_ws" else tile.num_warps
         const = dict(H=8, D_V=512, D_R=64, BLOCK_M=block_m, BLOCK_N=tile.block_n, NUM_STAGES=tile.num_stages,
-                     TAIL_N=tail, KV_FP8=kv != "bf16", SCALE_FROM_PTR=False, USE_PDL=True, num_warps=tile.num_warps)
+                     TAIL_N=tail, KV_FP8=kv != "bf16", SCALE_FROM_PTR=False, USE_PDL=True, num_warps=warps)
         sig = {k: ("*" + kv if v == "*KV" else v) for k, v in _GLUON_SIG.items()}
-        out.append((kernel, f"kv={kv},v_from_k=True,{role}", sig, const, tile.num_warps, 1, tile.ctas_per_sm))
+        out.append((kernel, f"kv={kv},v_from_k=True,{role}", sig, const, warps, 1, tile.ctas_per_sm))
     for mode, name in ((1, "sglang_flat"), (0, "chain"), (2, "compact")):
         const = dict(dims, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, MASK_MODE=mode, DOT_FP32=False, USE_PDL=True)
         out.append(("tree", f"mask={name}", dict(_TREE_SIG), const, tc.num_warps, tc.num_stages, 0))

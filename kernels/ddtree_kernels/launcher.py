@@ -402,7 +402,7 @@ def run_verify(
                 q.stride(0), q.stride(1), k_buf.stride(0), *part_strides,
                 H=H, D_V=d_v, D_R=d_r, BLOCK_M=block_m, BLOCK_N=pc.block_n, NUM_STAGES=pc.num_stages,
                 TAIL_N=tail_n, KV_FP8=kv_fp8, SCALE_FROM_PTR=scale_from_ptr, USE_PDL=pdl,
-                num_warps=pc.num_warps, launch_pdl=pdl,
+                num_warps=prefix_hopper_ws.KERNEL_WARPS if plan.tail_partition else pc.num_warps, launch_pdl=pdl,
             )
             continue
         prefix_split_kernel[(row_blocks, plan.num_splits, plan.batch_size)](

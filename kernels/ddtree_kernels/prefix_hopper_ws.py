@@ -1,34 +1,46 @@
-"""The Gluon wide tile with its row tail on a warpgroup of its own (warp-specialized), for Hopper.
+"""The Gluon wide tile, warp-specialized, for Hopper: one warpgroup scores, two accumulate, one takes the row tail.
 
 In `prefix_hopper`'s wide tile the 8-row tail (GLM-5: 72 rows = 64 + 8) runs in the same
-instruction stream as the 64-row block, after it, on every key tile: its keys-major wgmmas
-(N = 8) and its softmax add ~1.07 µs to a 3.27 µs tile (sweep log, session 9), for 12.5%
-more rows. Here the tail is a partition of its own (`gl.warp_specialize`): four more warps
-that score and accumulate the tail rows on the same shared key tiles while the block's two
-warpgroups do the block, so the tail's dependent chain no longer adds to the block's. GLM-5 at
-185k: 109.2 -> 98.5 µs, H16 n9 186.5 -> 165.6, H8 n33 351.8 -> 308.4 (sweep log, session 11).
+instruction stream as the 64-row block, after it, on every key tile, and the block's two
+warpgroups each score half the keys. Here the work of a key tile is split over three
+partitions (`gl.warp_specialize`) that hand the shared key stages over through mbarriers:
 
-- The block partition (the kernel's 8 warps) gathers the key tiles as `prefix_hopper` does,
-  and tells the tail partition through mbarriers when a tile has landed (`ready`).
-- The tail partition says when it has scored a tile (`scored`: the block may then write its
-  P into the tile's rope buffer) and when it is done with it (`done`: the gather may refill it).
-- The tail scores in five independent wgmma chains (four of 128 latent columns, one of rope) that
-  it adds up: one chain of 36 m64n8k16 steps, each waiting for the last, was its critical path.
-- Each partition writes its own rows' part; the merge is unchanged. The block stages its part in the
-  key stages once both partitions are done with them (`_store_block_part`), so each warp writes whole
-  512-byte rows instead of the accumulator's 8-byte pairs spread over 8 rows: GLM-5 185k H16 n9
-  165.9 -> 162.4 µs, 64k H16 n33 248.0 -> 242.8, but 8k +1.4 µs (sweep log, session 13).
-- Registers (setmaxnreg): the tail's 128 threads hold 80 each, the block's 256 threads 208 (the
-  kernel without a partition took 217 for the block alone; no spills under Triton 3.6).
+- The scorer (the kernel's own 4 warps) scores the 64-row block against all 64 keys of the tile
+  (one m64n64 wgmma chain), runs the softmax, writes P into the tile's rope buffer (dead once
+  scored) and each row's rescale into `rows_smem` (`p_ready`), and accumulates the first 256
+  value columns.
+- The value partition (4 warps) gathers the key tiles for everyone and accumulates the other 256
+  value columns with the P and rescale the scorer left. A tile's `ready` completes when its
+  copies land (cp.async.mbarrier.arrive), not when this partition next gets to its loop head.
+- The tail partition (4 warps) scores and accumulates the tail rows keys-major (its rows are
+  wgmma's N), in five independent score chains that it adds up, and says when it has read the
+  rope buffer (`scored`: the scorer may write P there).
+- `done` (all three) frees a stage for the next gather.
 
-Same grid, arguments and partial outputs as `prefix_hopper.prefix_wide_hopper_kernel`; a bf16 or
-fp16 cache whose values are the keys' first D_V columns, D_V = 512, D_R = 64, BLOCK_M 64 with a
-row tail (TAIL_N > 0). Triton 3.6-3.9 on an sm_90 GPU, as `prefix_hopper`.
+Why one scorer: the tile is bound by shared-memory reads (wgmma reads both operands of these
+shapes from shared memory; Nsight Compute put L1/TEX at 66% with the tensor pipe at 35%, sweep log
+session 11 (9)). Two warpgroups that each score half the keys each read all 64 rows of queries,
+147 KB a tile; one that scores all the keys reads them once, and a row's maxima stay in one warp.
+Against the two-warpgroup block (sweep log, session 15 (2)): GLM-5 185k 96.0 -> 83.3 µs, 128k
+73.9 -> 64.9, 64k 49.4 -> 44.4, H8 n33 185k 302.6 -> 251.2, H16 n33 64k 243.1 -> 205.4. Of that,
+`ready` on copy completion is 1-4%; overlapping the scorer's next scores with its values was slower.
+
+Each partition writes its own part: the scorer its half of the block's columns and the LSEs, the
+value partition the other half (normalised with the scorer's factors, `final`), each staged in a
+spent key stage so a warp stores whole 512-byte rows; the tail its rows. The merge is unchanged.
+Registers (setmaxnreg): the scorer 240 a thread, the value partition 184, the tail 80.
+
+Same grid, arguments and partial outputs as `prefix_hopper.prefix_wide_hopper_kernel`, launched with
+KERNEL_WARPS warps; a bf16 or fp16 cache whose values are the keys' first D_V columns, D_V = 512,
+D_R = 64, BLOCK_M 64 with a row tail (TAIL_N > 0). Triton 3.6-3.9 on an sm_90 GPU, as `prefix_hopper`.
 """
 
 from __future__ import annotations
 
 from . import prefix_hopper
+
+# The kernel's own warps, the scorer partition's (num_warps at launch); the worker partitions add 8 more.
+KERNEL_WARPS = 4
 
 if not prefix_hopper.unavailable_reason():
     from triton.experimental import gluon
@@ -42,7 +54,6 @@ if not prefix_hopper.unavailable_reason():
     )
 
     from .prefix_hopper import (
-        _block_softmax,
         _cta_barrier,
         _dequant_scales,
         _gather_ahead,
@@ -53,112 +64,159 @@ if not prefix_hopper.unavailable_reason():
         _load_queries,
         _opaque_zero,
         _program_work,
+        _raise_running_max,
         _store_part,
         _tail_softmax,
         _tile_slots,
     )
 
-    # The tail partition's warps and the registers each of its threads may hold (setmaxnreg); the block's
-    # 256 threads get the rest. 8 tail warps do not build: 16 warps cap the whole kernel at 128 registers
-    # a thread, fewer than the block's value wgmma needs (ptxas C7602, session 11).
+    # Each worker partition's warps and the registers each of its threads may hold (setmaxnreg); the scorer
+    # (the kernel's own warps) gets what the two leave: 240 a thread.
     TAIL_WARPS = gl.constexpr(4)
     TAIL_REGS = gl.constexpr(80)
+    VALUE_WARPS = gl.constexpr(4)
+    VALUE_REGS = gl.constexpr(184)
 
     @gluon.jit
-    def _store_block_part(stages, O_part, LSE_part, acc, l_i, m_i, v_scale, row0, first_row, row_end, split,
-                          stride_or, stride_op, stride_lr, BLOCK_M: gl.constexpr, D_V: gl.constexpr,
-                          O_LAYOUT: gl.constexpr):
-        """The block's part as `_store_part`'s, staged in `stages` (free shared memory of at least
-        BLOCK_M x D_V fp32) so that a warp stores one row's 512 contiguous bytes an instruction. It does
-        not call `_store_part` on the staged rows: normalising after the staging is 0.6-5 µs slower
-        (GLM-5 185k 96.2 -> 97.2, H8 n33 301.7 -> 306.5; sweep log, session 13 (13))."""
-        l_i = gl.convert_layout(l_i, gl.SliceLayout(1, O_LAYOUT))
-        seen = l_i > 0.0
-        l_safe = gl.where(seen, l_i, 1.0)
-        # 16-byte units XOR-swizzled by row: the accumulator's 8 rows an instruction land on distinct banks.
-        staged = stages.reinterpret(gl.float32, [BLOCK_M, D_V],
-                                    gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0]))
-        staged.store(acc * (v_scale / l_safe)[:, None])
+    def _store_half_part(stage, O_part, acc, norm, row0, first_row, row_end, split, stride_or, stride_op,
+                         COL0: gl.constexpr, BLOCK_M: gl.constexpr, HALF: gl.constexpr, O_LAYOUT: gl.constexpr):
+        """One warpgroup's half of the block's part (columns COL0 .. COL0 + HALF), normalised by `norm`
+        (v_scale / l per row), staged through `stage` (BLOCK_M x HALF fp32 of free shared memory) so that a
+        warp stores whole 512-byte row pieces."""
+        staged = stage.reinterpret(gl.float32, [BLOCK_M, HALF],
+                                   gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0]))
+        staged.store(acc * gl.convert_layout(norm, gl.SliceLayout(1, O_LAYOUT))[:, None])
         _cta_barrier()
         ROW_LAYOUT: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[1, 32],
-                                                    warps_per_cta=[8, 1], order=[1, 0])
+                                                    warps_per_cta=[4, 1], order=[1, 0])
         offs_m = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ROW_LAYOUT))
-        cols = gl.arange(0, D_V, layout=gl.SliceLayout(0, ROW_LAYOUT))
+        cols = COL0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, ROW_LAYOUT))
         rows = (row0 + offs_m).to(gl.int64)
         gl.store(O_part + (rows * stride_or + split * stride_op)[:, None] + cols[None, :], staged.load(ROW_LAYOUT),
                  mask=(offs_m < row_end)[:, None])
-        offs_l = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, O_LAYOUT))
-        lse = gl.where(seen, gl.convert_layout(m_i, gl.SliceLayout(1, O_LAYOUT)) + gl.log2(l_safe), float("-inf"))
-        gl.store(LSE_part + (row0 + offs_l).to(gl.int64) * stride_lr + split, lse, mask=offs_l < row_end)
 
     @gluon.jit
-    def _block_partition(
-        qn_smem, qr_smem, g_nope, g_rope, ready, scored, done,
-        K_buf, kv_indices, O_part, LSE_part, qk_scale_log2, v_scale,
-        row0, row_end, kv_base, lo, hi, n_tiles, first_row, split,
-        stride_ks, stride_or, stride_op, stride_lr,
-        D_V: gl.constexpr, D_R: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        NUM_STAGES: gl.constexpr,
+    def _scorer_partition(
+        qn_smem, qr_smem, g_nope, g_rope, rows_smem, ready, scored, p_ready, done, final,
+        O_part, LSE_part, qk_scale_log2, v_scale,
+        row0, row_end, lo, hi, n_tiles, first_row, split,
+        stride_or, stride_op, stride_lr,
+        D_V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     ):
-        """The 64-row block on 8 warps, as prefix_hopper._attend_chunk's, and the gathers for both partitions."""
-        S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                           instr_shape=[16, BLOCK_N // 2, 16])
-        O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                           instr_shape=[16, D_V // 2, 16])
-        NOPE_LAYOUT: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
-                                                     warps_per_cta=[8, 1], order=[1, 0])
-        ROPE_LAYOUT: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
-                                                     warps_per_cta=[8, 1], order=[1, 0])
-        AHEAD: gl.constexpr = NUM_STAGES - 1
+        """The 64-row block's scores on one warpgroup (all BLOCK_N keys: the queries are read once a tile, not
+        once per warpgroup), its softmax, P into the tile's rope buffer and the rescale into `rows_smem`, and
+        the values of the first half of the columns."""
+        HALF: gl.constexpr = D_V // 2
+        S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HALF, 16])
         dtype: gl.constexpr = g_nope.dtype
-        slot_n, slot_r = _gather_ahead(g_nope, g_rope, kv_indices, kv_base, K_buf, lo, hi, stride_ks, AHEAD, D_V, D_R,
-                                       BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
-        acc = gl.zeros([BLOCK_M, D_V], gl.float32, O_LAYOUT)
-        l_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT)
+        acc = gl.zeros([BLOCK_M, HALF], gl.float32, O_LAYOUT)
+        l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, S_LAYOUT))
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, S_LAYOUT))
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT)
         offs_sn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
         for i in range(n_tiles):
             stage = i % NUM_STAGES
             phase = (i // NUM_STAGES) & 1
-            async_copy.wait_group(AHEAD - 1)
-            _cta_barrier()
+            # The tile's copies have landed; the fence orders them before this warpgroup's wgmma reads.
+            mbarrier.wait(ready.index(stage), phase)
             fence_async_shared()
-            # Tile i is in shared memory (every block thread's copies): the tail may score it too.
-            mbarrier.arrive(ready.index(stage))
             k_tile = g_nope.index(stage)
             r_tile = g_rope.index(stage)
             z = _opaque_zero()
             s = warpgroup_mma(qn_smem.index(z), k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s = warpgroup_mma(qr_smem.index(z), r_tile.permute((1, 0)), s, is_async=True)
-            # The next gather refills the stage of tile i + AHEAD - NUM_STAGES, once the tail is done with it too.
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            s = gl.where((lo + i * BLOCK_N + offs_sn < hi)[None, :], s * qk_scale_log2, float("-inf"))
+            m_new, m_safe, alpha = _raise_running_max(m_i, gl.max(s, 1))
+            p = gl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m_new
+            # P goes into this stage's rope buffer once the tail has scored it; the rescale beside it.
+            _cta_barrier()
+            mbarrier.wait(scored.index(stage), phase)
+            r_tile.store(p.to(dtype))
+            rows_smem.index(stage).store(alpha)
+            fence_async_shared()
+            _cta_barrier()
+            mbarrier.arrive(p_ready.index(stage))
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+            acc = warpgroup_mma(r_tile, k_tile.slice(0, HALF, dim=1), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            _cta_barrier()
+            mbarrier.arrive(done.index(stage))
+        seen = l_i > 0.0
+        l_safe = gl.where(seen, l_i, 1.0)
+        norm = v_scale / l_safe
+        offs_l = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_LAYOUT))
+        gl.store(LSE_part + (row0 + offs_l).to(gl.int64) * stride_lr + split,
+                 gl.where(seen, m_i + gl.log2(l_safe), float("-inf")), mask=offs_l < row_end)
+        # Every partition is done with every stage (and the value partition with every rescale).
+        last = gl.maximum(n_tiles - 1, 0)
+        mbarrier.wait(done.index(last % NUM_STAGES), (last // NUM_STAGES) & 1, pred=n_tiles > 0)
+        # The value partition normalises its half with the same factors.
+        rows_smem.index(0).store(norm)
+        _cta_barrier()
+        mbarrier.arrive(final)
+        # Staged in the last tile's stage: the value partition's gathers past the chunk (zeros) may still be landing
+        # in the others.
+        _store_half_part(g_nope.index((n_tiles + NUM_STAGES - 1) % NUM_STAGES), O_part, acc, norm, row0, first_row,
+                         row_end, split, stride_or, stride_op, 0, BLOCK_M, HALF, O_LAYOUT)
+
+    @gluon.jit
+    def _values_partition(
+        g_nope, g_rope, rows_smem, ready, p_ready, done, final,
+        K_buf, kv_indices, O_part,
+        row0, row_end, kv_base, lo, hi, n_tiles, first_row, split,
+        stride_ks, stride_or, stride_op,
+        D_V: gl.constexpr, D_R: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        NUM_STAGES: gl.constexpr,
+    ):
+        """The key gathers for every partition, and the values of the second half of the columns with the P and
+        rescale the scorer leaves in shared memory."""
+        HALF: gl.constexpr = D_V // 2
+        O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HALF, 16])
+        NOPE_LAYOUT: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
+                                                     warps_per_cta=[4, 1], order=[1, 0])
+        ROPE_LAYOUT: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                                     warps_per_cta=[4, 1], order=[1, 0])
+        AHEAD: gl.constexpr = NUM_STAGES - 1
+        slot_n, slot_r = _gather_ahead(g_nope, g_rope, kv_indices, kv_base, K_buf, lo, hi, stride_ks, AHEAD, D_V, D_R,
+                                       BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
+        # Each thread's arrival on a tile's `ready` (VALUE_WARPS * 32 of them) lands when its copies so far have.
+        for t in gl.static_range(AHEAD):
+            async_copy.mbarrier_arrive(ready.index(t), increment_count=False)
+        acc = gl.zeros([BLOCK_M, HALF], gl.float32, O_LAYOUT)
+        for i in range(n_tiles):
+            stage = i % NUM_STAGES
+            phase = (i // NUM_STAGES) & 1
+            # The next gather refills the stage of tile i + AHEAD - NUM_STAGES, once every partition is done with it.
             ahead = lo + (i + AHEAD) * BLOCK_N
             free = (i + AHEAD) % NUM_STAGES
             mbarrier.wait(done.index(free), ((i + AHEAD - NUM_STAGES) // NUM_STAGES) & 1,
                           pred=i + AHEAD >= NUM_STAGES)
             _gather_tile(g_nope.index(free), g_rope.index(free), slot_n, slot_r, K_buf, ahead, hi, stride_ks,
                          D_V, D_R, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
+            async_copy.mbarrier_arrive(ready.index(free), increment_count=False)
             slot_n, slot_r = _tile_slots(kv_indices, kv_base, ahead + BLOCK_N, hi, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-            p, m_i, l_acc, alpha = _block_softmax(s, m_i, l_acc, qk_scale_log2, lo + i * BLOCK_N, hi, offs_sn)
-            # P goes into this stage's rope buffer once both warpgroups and the tail have scored it.
-            _cta_barrier()
-            mbarrier.wait(scored.index(stage), phase)
-            r_tile.store(p.to(dtype))
-            fence_async_shared()
-            _cta_barrier()
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
-            acc = warpgroup_mma(r_tile, k_tile, acc, is_async=True)
+            mbarrier.wait(p_ready.index(stage), phase)
+            alpha = rows_smem.index(stage).load(gl.SliceLayout(1, O_LAYOUT))
+            acc = acc * alpha[:, None]
+            acc = warpgroup_mma(g_rope.index(stage), g_nope.index(stage).slice(HALF, HALF, dim=1), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            _cta_barrier()
+            mbarrier.arrive(done.index(stage))
         async_copy.wait_group(0)
-        # The part goes out through shared memory, in whole 512-byte row pieces a warp: stored straight from
-        # the accumulator, each instruction writes 8-byte pairs on 8 rows. The key stages hold it (a
-        # [64, 512] fp32 tile is their 128 KB) once both warpgroups and the tail are done with them.
-        _cta_barrier()
-        last = gl.maximum(n_tiles - 1, 0)
-        mbarrier.wait(done.index(last % NUM_STAGES), (last // NUM_STAGES) & 1, pred=n_tiles > 0)
-        _store_block_part(g_nope, O_part, LSE_part, acc, gl.sum(l_acc, 1), m_i, v_scale, row0, first_row, row_end,
-                          split, stride_or, stride_op, stride_lr, BLOCK_M, D_V, O_LAYOUT)
+        # `final`: the scorer's factors are in shared memory, and every partition is done with every stage.
+        mbarrier.wait(final, 0)
+        norm = rows_smem.index(0).load(gl.SliceLayout(1, O_LAYOUT))
+        # Staged in the stage after the last tile's (the scorer stages in that one), now that this partition's
+        # gathers, those past the chunk too, have all landed.
+        _store_half_part(g_nope.index(n_tiles % NUM_STAGES), O_part, acc, norm, row0, first_row, row_end, split,
+                         stride_or, stride_op, HALF, BLOCK_M, HALF, O_LAYOUT)
 
     @gluon.jit
     def _tail_partition(
@@ -169,13 +227,14 @@ if not prefix_hopper.unavailable_reason():
         D_V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
         TAIL_N: gl.constexpr,
     ):
-        """The row tail, keys-major (its rows are wgmma's N) on 4 warps, on the block partition's key tiles."""
+        """The row tail, keys-major (its rows are wgmma's N) on 4 warps, on the tiles the value partition gathers."""
         ST_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[TAIL_WARPS, 1],
                                                             instr_shape=[16, TAIL_N, 16])
         acc_t, lt_acc, m_t, st_zero, offs_tn = _keys_major_state(D_V, BLOCK_N, TAIL_N, ST_LAYOUT)
         for i in range(n_tiles):
             stage = i % NUM_STAGES
             phase = (i // NUM_STAGES) & 1
+            # The tile's copies have landed; the fence orders them before this warpgroup's wgmma reads.
             mbarrier.wait(ready.index(stage), phase)
             fence_async_shared()
             k_tile = g_nope.index(stage)
@@ -222,7 +281,7 @@ if not prefix_hopper.unavailable_reason():
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, TAIL_N: gl.constexpr,
         KV_FP8: gl.constexpr, SCALE_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
     ):
-        gl.static_assert(num_warps == 8 and BLOCK_M == 64 and BLOCK_N == 64 and D_R == 64 and TAIL_N > 0,
+        gl.static_assert(num_warps == 4 and BLOCK_M == 64 and BLOCK_N == 64 and D_R == 64 and TAIL_N > 0,
                          "the block's two warpgroups (64 rows, P in a [BLOCK_N, D_R] rope buffer) and a row tail")
         gl.static_assert(not KV_FP8, "a 16-bit cache: an fp8 one takes prefix_hopper's kernel")
         if USE_PDL:
@@ -253,23 +312,32 @@ if not prefix_hopper.unavailable_reason():
                                                         D_R, TAIL_N, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT, dtype)
         ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         scored = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        p_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         done = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        final = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         for s in gl.static_range(NUM_STAGES):
-            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(ready.index(s), count=VALUE_WARPS * 32)
             mbarrier.init(scored.index(s), count=1)
-            mbarrier.init(done.index(s), count=1)
-        # The queries are wgmma operands of both partitions.
+            mbarrier.init(p_ready.index(s), count=1)
+            mbarrier.init(done.index(s), count=3)
+        mbarrier.init(final, count=1)
+        # Per row: each tile's rescale (by stage), then the final normalisation.
+        rows_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M],
+                                              gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+        # The queries are wgmma operands of the scorer and the tail.
         fence_async_shared()
         rows0 = q_start * H
         gl.warp_specialize([
-            (_block_partition, (qn_smem, qr_smem, g_nope, g_rope, ready, scored, done,
-                                K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale,
-                                rows0, row_end, kv_start, lo, hi, n_tiles, first_row, split,
-                                stride_ks, stride_or, stride_op, stride_lr, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES)),
+            (_scorer_partition, (qn_smem, qr_smem, g_nope, g_rope, rows_smem, ready, scored, p_ready, done, final,
+                                 O_part, LSE_part, qk_scale, out_scale, rows0, row_end, lo, hi, n_tiles, first_row,
+                                 split, stride_or, stride_op, stride_lr, D_V, BLOCK_M, BLOCK_N, NUM_STAGES)),
+            (_values_partition, (g_nope, g_rope, rows_smem, ready, p_ready, done, final, K_buf, kv_indices, O_part,
+                                 rows0, row_end, kv_start, lo, hi, n_tiles, first_row, split,
+                                 stride_ks, stride_or, stride_op, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES)),
             (_tail_partition, (tn_smem, tr_smem, pt_smem, g_nope, g_rope, ready, scored, done,
                                O_part, LSE_part, qk_scale, out_scale,
                                rows0, row_end, lo, hi, n_tiles, first_row, split,
                                stride_or, stride_op, stride_lr, D_V, BLOCK_M, BLOCK_N, NUM_STAGES, TAIL_N)),
-        ], [TAIL_WARPS], [TAIL_REGS])
+        ], [VALUE_WARPS, TAIL_WARPS], [VALUE_REGS, TAIL_REGS])
         if USE_PDL:
             _grid_dependency(True)
