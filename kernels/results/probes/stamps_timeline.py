@@ -9,7 +9,10 @@ Times are µs from the tree kernel's first program start.
     cd kernels && PYTHONPATH=../scratch/stamp python3 results/probes/stamps_timeline.py [bs,L,H,n ...]
 
 Prefix stamps per program (split): 0 entry, 1 queries in shared memory, 2 first key tile landed, 3 key loop
-done, 4 block's part stored, 5 tail's part stored, 6 after the final grid-dependency wait. Tree: 0 entry,
+done, 4 block's part stored, 5 tail's part stored, 6 after the final grid-dependency wait; with
+`stamps-ws15.patch` (session 15's kernel; the scorer writes 2-4) also 7, the value partition's half stored.
+Apply it as above: copy kernels/ddtree_kernels to scratch/stamp15/, then
+    (cd scratch/stamp15 && patch -p2 < ../../kernels/results/probes/stamps-ws15.patch) Tree: 0 entry,
 1 end. Merge: 0 entry, 1 after its grid-dependency wait, 2 end. Timing only; bs 1 (stamp slots are per split).
 """
 import statistics
@@ -53,6 +56,10 @@ def one_replay(graph: torch.cuda.CUDAGraph, stamps: torch.Tensor, flush: torch.T
     for k, name in enumerate(("entry", "waited", "end")):
         v = us(merge[:, k])
         out[f"merge {name} min"], out[f"merge {name} med"], out[f"merge {name} max"] = (
+            min(v), statistics.median(v), max(v))
+    if (pre[:, 7] > 0).any():  # stamps-ws15.patch: the value partition's half of the block's part stored
+        v = us(pre[:, 7])
+        out["prefix values stored min"], out["prefix values stored med"], out["prefix values stored max"] = (
             min(v), statistics.median(v), max(v))
     full = pre[(pre[:, :7] > 0).all(1)]  # programs with an empty chunk write no first-tile stamp
     d = (full[:, 1:7] - full[:, 0:6]).double() / 1e3
