@@ -56,6 +56,9 @@ class VerifyConfig:
     merge_num_warps: int = 4
     max_splits: int = 512
     min_chunk: int = 128  # fewest prefix keys a split takes (short prefixes use fewer splits)
+    # Key tiles fewer for each split whose programs start late, behind the tree kernel's
+    # (VerifyPlan.split_reserve): the tree kernel holds its SMs ~8 µs, ~3 key tiles of the wide tile.
+    late_split_tiles: int = 3
     # bf16/fp16 cache with V read from K: a taller tile reads each gathered key tile for more
     # rows. Used when a request has at least wide_min_rows rows (draft tokens x heads).
     prefix_wide: TileConfig | None = None
@@ -195,6 +198,9 @@ PORTABLE = VerifyConfig(
 # read from shared memory once a tile instead of once per warpgroup) and hands P to the second value
 # warpgroup; `ready` completes on the copies landing: 185k H8 n9 96.0 -> 83.3 µs, 128k 73.9 -> 64.9,
 # 64k 49.4 -> 44.4, H8 n33 302.6 -> 251.2 (sweep log, session 15 (1), (4)).
+# Then the splits whose programs start behind the tree kernel's take late_split_tiles fewer key tiles
+# instead of none, also with several blocks a split: 64k H16 n9 66.2 -> 62.9 µs, 185k H8 n33 251.7 -> 243.6,
+# GLM-5 185k 83.5 -> 81.7 (session 15 (8)).
 HOPPER = dataclasses.replace(
     PORTABLE,
     prefix=dataclasses.replace(PORTABLE.prefix, ctas_per_sm=2),

@@ -47,8 +47,8 @@ _TREE_SIG = dict(
 _GLUON_SIG = dict(
     Q="*bf16", K_buf="*KV", kv_indices="*i64", qo_indptr="*i32", kv_indptr="*i32", O_part="*fp32",
     LSE_part="*fp32", k_scale="fp32", v_scale="fp32", qk_scale_log2="fp32", min_chunk="i32", split_reserve="i32",
-    row_base="i32", row_stride="i32", stride_qt="i32", stride_qh="i32", stride_ks="i32", stride_or="i32",
-    stride_op="i32", stride_lr="i32",
+    late_keys="i32", row_base="i32", row_stride="i32", stride_qt="i32", stride_qh="i32", stride_ks="i32",
+    stride_or="i32", stride_op="i32", stride_lr="i32",
 )
 # Gluon kernels are architecture-specific: prefix_hopper's is compiled for sm_90 only.
 _GLUON_TARGETS = {"prefix_gluon": (9, 0), "prefix_gluon_ws": (9, 0)}

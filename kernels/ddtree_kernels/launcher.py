@@ -101,15 +101,20 @@ class VerifyPlan:
 
     @cached_property
     def split_reserve(self) -> int:
-        """Splits at the end of the grid that get no keys: as many as the tree kernel has programs, where
-        the warp-specialized tile runs with PDL and that is at most 1/16 of the splits (else 0). The tree
-        kernel launches first and holds its SMs ~8 µs, so the prefix programs launched last start that much
-        later; with every split busy the call waited for them (GLM-5 185k: the last key loops ended 7.6 µs
-        after the median, `probes/stamps_timeline.py`). Chunking the keys over the others costs at most one
-        key tile a split: GLM-5 185k 101.1 -> 98.5 µs, 160k 91.0 -> 88.1 (sweep log, session 13 (8))."""
+        """Splits at the end of the grid whose programs start late: the tree kernel launches first and holds its
+        SMs ~8 µs (`probes/stamps_timeline.py`), so the prefix programs launched last, as many as it has
+        programs, wait that long for an SM; with every split as long as the others the call waited for them.
+        They get `late_keys` keys fewer each (`prefix_hopper._program_work`). Where the warp-specialized tile
+        runs with PDL, at most 1/8 of the splits (else 0). Leaving them no keys at all took GLM-5 185k from
+        101.1 to 98.5 µs (sweep log, session 13 (8)); a few tiles fewer instead, session 15 (8)."""
         tree_programs = self.row_blocks(self.config.tree.block_m) * self.batch_size
-        fits = tree_programs * 16 <= self.num_splits
-        return tree_programs if self.pdl and self.tail_partition and fits else 0
+        late = _cdiv(tree_programs, self.prefix_launches()[0][2])  # the prefix programs of a split: its row blocks
+        return late if self.pdl and self.tail_partition and late * 8 <= self.num_splits else 0
+
+    @cached_property
+    def late_keys(self) -> int:
+        """Keys fewer for each of the last `split_reserve` splits than for the others."""
+        return self.config.late_split_tiles * self.prefix_tile.block_n if self.split_reserve else 0
 
     @cached_property
     def head_blocks(self) -> tuple[int, int]:
@@ -398,7 +403,7 @@ def run_verify(
                       else prefix_hopper.prefix_wide_hopper_kernel)
             kernel[(row_blocks, plan.num_splits, plan.batch_size)](
                 q, k_buf, kv_indices, qo_indptr, kv_indptr, o_part, lse_part,
-                k_s, v_s, qk_scale_log2, conf.min_chunk, plan.split_reserve, row_base, row_stride,
+                k_s, v_s, qk_scale_log2, conf.min_chunk, plan.split_reserve, plan.late_keys, row_base, row_stride,
                 q.stride(0), q.stride(1), k_buf.stride(0), *part_strides,
                 H=H, D_V=d_v, D_R=d_r, BLOCK_M=block_m, BLOCK_N=pc.block_n, NUM_STAGES=pc.num_stages,
                 TAIL_N=tail_n, KV_FP8=kv_fp8, SCALE_FROM_PTR=scale_from_ptr, USE_PDL=pdl,

@@ -519,28 +519,34 @@ if not _GLUON_ERROR:
                     offs_t < row_end, split, stride_or, stride_op, stride_lr, D_V, 1, ST_LAYOUT)
 
     @gluon.jit
-    def _program_work(qo_indptr, kv_indptr, min_chunk, split_reserve, row_base, row_stride, H: gl.constexpr,
-                      BLOCK_N: gl.constexpr):
+    def _program_work(qo_indptr, kv_indptr, min_chunk, split_reserve, late_keys, row_base, row_stride,
+                      H: gl.constexpr, BLOCK_N: gl.constexpr):
         """This program's split, its request's rows and keys, its row block and its key chunk:
         (split, q_start, n_rows, kv_start, first_row, row_end, lo, hi). Row block j owns rows row_stride * j ..
         row_stride * (j + 1): BLOCK_M of them on the score wgmma and the rest (at most TAIL_N, the launcher
-        plans so) as the keys-major row tail. The keys are chunked over all splits but the last
-        `split_reserve`, which get none (VerifyPlan.split_reserve)."""
+        plans so) as the keys-major row tail. The keys are chunked in whole key tiles, at least min_chunk a
+        split (as prefix_split_kernel's), the last `split_reserve` splits taking `late_keys` fewer each (none
+        where that leaves them nothing): their programs start late (VerifyPlan.split_reserve)."""
         row_block = gl.program_id(0)
         split = gl.program_id(1)
         req = gl.program_id(2)
-        num_splits = gl.num_programs(1) - split_reserve
+        num_splits = gl.num_programs(1)
+        early = num_splits - split_reserve
         q_start = gl.load(qo_indptr + req).to(gl.int32)
         n_rows = (gl.load(qo_indptr + req + 1).to(gl.int32) - q_start) * H
         kv_start = gl.load(kv_indptr + req).to(gl.int64)
         prefix_len = (gl.load(kv_indptr + req + 1).to(gl.int64) - kv_start).to(gl.int32)
         first_row = row_base + row_block * row_stride
         row_end = gl.minimum(n_rows, first_row + row_stride)
-        # Equal chunks of whole key tiles, at least min_chunk keys (as prefix_split_kernel's).
-        chunk = gl.maximum(gl.cdiv(prefix_len, num_splits), min_chunk)
-        chunk = gl.cdiv(chunk, BLOCK_N) * BLOCK_N
-        lo = split * chunk
-        hi = gl.minimum(lo + chunk, prefix_len)
+        # num_splits * chunk - split_reserve * late_keys >= prefix_len, or, where that chunk is no longer than
+        # late_keys, the early splits alone cover the keys.
+        chunk = gl.cdiv(gl.maximum(gl.cdiv(prefix_len + split_reserve * late_keys, num_splits), min_chunk),
+                        BLOCK_N) * BLOCK_N
+        alone = gl.cdiv(gl.maximum(gl.cdiv(prefix_len, early), min_chunk), BLOCK_N) * BLOCK_N
+        short = gl.where(chunk > late_keys, chunk - late_keys, 0)
+        chunk = gl.where(chunk > late_keys, chunk, alone)
+        lo = gl.where(split < early, split * chunk, early * chunk + (split - early) * short)
+        hi = gl.minimum(lo + gl.where(split < early, chunk, short), prefix_len)
         return split, q_start, n_rows, kv_start, first_row, row_end, lo, hi
 
     @gluon.jit
@@ -559,7 +565,7 @@ if not _GLUON_ERROR:
     def prefix_wide_hopper_kernel(
         Q, K_buf, kv_indices, qo_indptr, kv_indptr,
         O_part, LSE_part,
-        k_scale, v_scale, qk_scale_log2, min_chunk, split_reserve, row_base, row_stride,
+        k_scale, v_scale, qk_scale_log2, min_chunk, split_reserve, late_keys, row_base, row_stride,
         stride_qt, stride_qh, stride_ks,
         stride_or, stride_op, stride_lr,
         H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
@@ -575,7 +581,7 @@ if not _GLUON_ERROR:
         if USE_PDL:
             _grid_dependency(False)
         split, q_start, n_rows, kv_start, first_row, row_end, lo, hi = _program_work(
-            qo_indptr, kv_indptr, min_chunk, split_reserve, row_base, row_stride, H, BLOCK_N)
+            qo_indptr, kv_indptr, min_chunk, split_reserve, late_keys, row_base, row_stride, H, BLOCK_N)
         qk_scale, out_scale = _dequant_scales(k_scale, v_scale, qk_scale_log2, SCALE_FROM_PTR)
         if first_row < n_rows:
             if lo >= hi:

@@ -274,7 +274,7 @@ if not prefix_hopper.unavailable_reason():
     def prefix_wide_ws_kernel(
         Q, K_buf, kv_indices, qo_indptr, kv_indptr,
         O_part, LSE_part,
-        k_scale, v_scale, qk_scale_log2, min_chunk, split_reserve, row_base, row_stride,
+        k_scale, v_scale, qk_scale_log2, min_chunk, split_reserve, late_keys, row_base, row_stride,
         stride_qt, stride_qh, stride_ks,
         stride_or, stride_op, stride_lr,
         H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
@@ -287,7 +287,7 @@ if not prefix_hopper.unavailable_reason():
         if USE_PDL:
             _grid_dependency(False)
         split, q_start, n_rows, kv_start, first_row, row_end, lo, hi = _program_work(
-            qo_indptr, kv_indptr, min_chunk, split_reserve, row_base, row_stride, H, BLOCK_N)
+            qo_indptr, kv_indptr, min_chunk, split_reserve, late_keys, row_base, row_stride, H, BLOCK_N)
         qk_scale, out_scale = _dequant_scales(k_scale, v_scale, qk_scale_log2, SCALE_FROM_PTR)
         # Both partitions run on every program (a warp_specialize region is not branched around): a
         # program past its request's rows, or with an empty chunk, runs no key tile and stores only

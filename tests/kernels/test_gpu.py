@@ -23,8 +23,9 @@ FP8 = torch.float8_e4m3fn
 
 LARGE = [
     # (prefix lengths, draft lengths, heads, options)
-    ([185_000], [9], 8, {}),  # GLM-5 at TP 8 (its last 3 splits left to the tree programs: split_reserve)
-    ([8_192], [9], 8, {}),  # ... most splits empty: the warp-specialized tile stores their empty parts
+    ([185_000], [9], 8, {}),  # GLM-5 at TP 8 (its last 3 splits 3 key tiles shorter: split_reserve)
+    ([8_192], [9], 8, {}),  # ... most splits empty (the last 3 no keys): the warp-specialized tile stores empty parts
+    ([65_536], [9], 16, {}),  # two blocks a split, the last 3 splits 3 key tiles shorter (late_keys)
     ([185_000], [9], 16, {"kv_dtype": FP8}),
     ([185_000], [33], 16, {}),
     ([131_072, 3], [65, 1], 8, {"kv_dtype": FP8}),

@@ -253,26 +253,32 @@ def test_row_tail_takes_a_warpgroup_of_its_own_where_it_has_rows(heads, tokens, 
 
 
 @pytest.mark.parametrize("batch,heads,tokens,pdl,reserve", [
-    (1, 8, 9, True, 3),      # GLM-5: 72 rows, three 32-row tree programs
-    (1, 16, 9, True, 0),     # 144 rows: five tree programs, more than 1/16 of 66 splits (two blocks each)
+    (1, 8, 9, True, 3),      # GLM-5: 72 rows, three 32-row tree programs, one block a split
+    (1, 16, 9, True, 3),     # 144 rows: five tree programs over two blocks a split
+    (1, 8, 33, True, 3),     # 264 rows: nine over four blocks a split, of 33 splits
     (1, 8, 9, False, 0),     # no PDL: the tree kernel ends before the prefix kernel starts
-    (4, 8, 9, True, 0),      # 12 tree programs are more than 1/16 of the splits
-    (1, 8, 33, True, 0),     # 264 rows: nine, more than 1/16 of 33 splits
+    (4, 8, 9, True, 0),      # 12 tree programs, 12 late splits: more than 1/8 of the 33
     (1, 8, 8, True, 0),      # 64 rows: no row tail, no warp-specialized tile
 ])
 def test_splits_left_to_the_tree_programs(batch, heads, tokens, pdl, reserve):
-    """Where the warp-specialized tile runs with PDL, the last splits, as many as the tree kernel has programs,
-    get no keys (their programs start on the SMs the tree kernel frees), unless that is over 1/16 of them."""
+    """Where the warp-specialized tile runs with PDL, the last splits, those holding the prefix programs that
+    start behind the tree kernel's, get late_split_tiles key tiles fewer (`late_keys`), unless they are over
+    1/8 of the splits."""
     from ddtree_kernels.configs import HOPPER
     from ddtree_kernels.launcher import VerifyPlan, prefix_launches
 
     rows = heads * tokens
-    blocks = sum(b for _, _, b in prefix_launches(HOPPER, rows, kv_fp8=False, v_from_k=True, gluon=True))
+    launches = prefix_launches(HOPPER, rows, kv_fp8=False, v_from_k=True, gluon=True)
+    blocks = sum(b for _, _, b in launches)
     splits = split_count(blocks * batch, 132, HOPPER.max_splits)
     plan = VerifyPlan(batch, heads, tokens, batch * tokens, 512, 64, splits, HOPPER, pdl=pdl, gluon=True)
     assert plan.split_reserve == reserve
     if reserve:
-        assert reserve == plan.row_blocks(HOPPER.tree.block_m) * batch and reserve * 16 <= splits
+        tree_programs = plan.row_blocks(HOPPER.tree.block_m) * batch
+        assert (reserve - 1) * blocks < tree_programs <= reserve * blocks and reserve * 8 <= splits
+        assert plan.late_keys == HOPPER.late_split_tiles * plan.prefix_tile.block_n > 0
+    else:
+        assert plan.late_keys == 0
 
 
 def test_both_gluon_wide_kernels_take_one_argument_list():
