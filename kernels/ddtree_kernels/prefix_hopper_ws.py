@@ -282,14 +282,14 @@ if not prefix_hopper.unavailable_reason():
         KV_FP8: gl.constexpr, SCALE_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
     ):
         gl.static_assert(num_warps == 4 and BLOCK_M == 64 and BLOCK_N == 64 and D_R == 64 and TAIL_N > 0,
-                         "the block's two warpgroups (64 rows, P in a [BLOCK_N, D_R] rope buffer) and a row tail")
+                         "a 4-warp scorer (64 rows, P in a [BLOCK_N, D_R] rope buffer) and a row tail")
         gl.static_assert(not KV_FP8, "a 16-bit cache: an fp8 one takes prefix_hopper's kernel")
         if USE_PDL:
             _grid_dependency(False)
         split, q_start, n_rows, kv_start, first_row, row_end, lo, hi = _program_work(
             qo_indptr, kv_indptr, min_chunk, split_reserve, late_keys, row_base, row_stride, H, BLOCK_N)
         qk_scale, out_scale = _dequant_scales(k_scale, v_scale, qk_scale_log2, SCALE_FROM_PTR)
-        # Both partitions run on every program (a warp_specialize region is not branched around): a
+        # All three partitions run on every program (a warp_specialize region is not branched around): a
         # program past its request's rows, or with an empty chunk, runs no key tile and stores only
         # masked rows or an empty part (LSE -inf), which the merge weighs 0.
         n_tiles = gl.where(first_row < n_rows, gl.maximum(gl.cdiv(hi - lo, BLOCK_N), 0), 0)

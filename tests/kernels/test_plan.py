@@ -268,8 +268,7 @@ def test_splits_left_to_the_tree_programs(batch, heads, tokens, pdl, reserve):
     from ddtree_kernels.launcher import VerifyPlan, prefix_launches
 
     rows = heads * tokens
-    launches = prefix_launches(HOPPER, rows, kv_fp8=False, v_from_k=True, gluon=True)
-    blocks = sum(b for _, _, b in launches)
+    blocks = sum(b for _, _, b in prefix_launches(HOPPER, rows, kv_fp8=False, v_from_k=True, gluon=True))
     splits = split_count(blocks * batch, 132, HOPPER.max_splits)
     plan = VerifyPlan(batch, heads, tokens, batch * tokens, 512, 64, splits, HOPPER, pdl=pdl, gluon=True)
     assert plan.split_reserve == reserve
