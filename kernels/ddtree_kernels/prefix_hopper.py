@@ -30,6 +30,8 @@ out of the compiler's hands:
   On an fp8 cache that form (`_attend_rows_fp8`) loads each wgmma's left operand, the key tile
   or its transpose, from the 8-bit stage into registers and widens it there: no 16-bit tile in
   shared memory, so two programs share an SM (decode 185k: 66.7 -> 49.2 µs, sweep log session 14).
+  The values' operand is read with matrix loads (`_value_pairs`) as soon as the scores are in, so
+  the stage takes the tile after next while the softmax and the values run (session 16).
 
 Same grid and partial outputs as `prefix_split_kernel` (merge.py combines them), for a
 bf16/fp16/fp8 cache whose values are the keys' first D_V columns, D_V = 512 and D_R = 64
@@ -232,7 +234,8 @@ if not _GLUON_ERROR:
 
     @gluon.jit
     def _store_part(O_part, LSE_part, acc, l_i, m_i, v_scale, rows, row_ok, split, stride_or, stride_op, stride_lr,
-                    D_V: gl.constexpr, ROW_AXIS: gl.constexpr, LAYOUT: gl.constexpr):
+                    D_V: gl.constexpr, ROW_AXIS: gl.constexpr, LAYOUT: gl.constexpr,
+                    VALUES_PAIRED: gl.constexpr = False):
         """One part's normalised output (times the values' dequantisation scale) and base-2 LSE (-inf
         where nothing was seen); `acc` holds rows along ROW_AXIS (1: the tail's transposed [D_V, rows]
         accumulator), `l_i`, `m_i`, `rows` and `row_ok` are in SliceLayout(1 - ROW_AXIS, LAYOUT)."""
@@ -241,6 +244,8 @@ if not _GLUON_ERROR:
         lse = gl.where(seen, m_i + gl.log2(l_safe), float("-inf"))
         norm = v_scale / l_safe
         offs_dv = gl.arange(0, D_V, layout=gl.SliceLayout(ROW_AXIS, LAYOUT))
+        if VALUES_PAIRED:
+            offs_dv = _value_column(offs_dv)
         row_off = rows.to(gl.int64) * stride_or + split * stride_op
         if ROW_AXIS == 0:
             gl.store(O_part + row_off[:, None] + offs_dv[None, :], acc * norm[:, None], mask=row_ok[:, None])
@@ -417,6 +422,40 @@ if not _GLUON_ERROR:
                         offs_t < row_end, split, stride_or, stride_op, stride_lr, D_V, 1, ST_LAYOUT)
 
     @gluon.jit
+    def _value_column(m):
+        """The value column that row m of `_value_operand` holds: m = 128b + 64p + r holds 128b + 2r + p."""
+        return m // 128 * 128 + m % 64 * 2 + m // 64 % 2
+
+    @gluon.jit
+    def _value_pairs(v8, A_LAYOUT: gl.constexpr):
+        """An 8-bit [64 keys, D_V] value tile read as 16-bit column pairs and transposed, in the values' wgmma A
+        layout: [D_V / 2, 64], element [j, k] the bytes of columns 2j, 2j + 1 of key k. A transposed 16-bit load
+        is a matrix load (ldmatrix .trans), 16 a thread where the 8-bit transpose took 256 single-byte loads."""
+        D_V: gl.constexpr = v8.shape[1]
+        v16 = v8.reinterpret(gl.int16, [v8.shape[0], D_V // 2],
+                             gl.NVMMASharedLayout.get_default_for([v8.shape[0], D_V // 2], gl.int16))
+        return v16.permute((1, 0)).load(A_LAYOUT)
+
+    @gluon.jit
+    def _value_column(m):
+        """The value column that row m of `_widen_value_pairs` holds: m = 128b + 64p + r holds 128b + 2r + p."""
+        return m // 128 * 128 + m % 64 * 2 + m // 64 % 2
+
+    @gluon.jit
+    def _widen_value_pairs(pairs, A_LAYOUT: gl.constexpr):
+        """`_value_pairs` (e4m3) as the values' fp16 wgmma A operand, [D_V, 64], rows in `_value_column`'s order.
+        A register of pairs holds columns 2j, 2j + 1 of keys k, k + 1; one byte permute makes it the two fp8 pairs
+        (keys k, k + 1 of one column) that cvt widens, and the rows stay with the threads that hold them."""
+        even, odd = gl.inline_asm_elementwise(
+            "{ .reg .b32 t; .reg .b16 lo, hi; prmt.b32 t, $2, 0, 0x3120; mov.b32 {lo, hi}, t; "
+            "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+            "=r,=r,r", [pairs], dtype=(gl.float16, gl.float16), is_pure=True, pack=2)
+        b: gl.constexpr = pairs.shape[0] // 64
+        v = gl.join(gl.reshape(even, [b, 64, 64]), gl.reshape(odd, [b, 64, 64]))  # [b, r, key, p]
+        v = gl.reshape(gl.permute(v, (0, 3, 1, 2)), [pairs.shape[0] * 2, 64])
+        return gl.convert_layout(v, A_LAYOUT)
+
+    @gluon.jit
     def _key_column(k, W: gl.constexpr):
         """The column of a W-wide chunk (128 or 64) that column k of `_key_operand` holds: k = 16s + 8f + 2c + e
         holds W/4 c + 4s + 2f + e. The queries are staged in the same order, so the scores are unchanged."""
@@ -454,8 +493,10 @@ if not _GLUON_ERROR:
         the scores, the value tile transposed for the output) is loaded from the 8-bit stage straight into
         registers and widened there, so no 16-bit tile is written to shared memory and read back. The key
         operand's columns, and the staged queries', are permuted (`_key_column`) so that a thread loads contiguous
-        bytes. The transposed value operand is loaded a byte at a time: permuting its rows the same way
-        (undone at the store) was slower under Triton 3.6 (185k decode 51.0 -> 62.2 µs, sweep log session 14 (8))."""
+        bytes. The transposed value operand is read as 16-bit column pairs (`_value_pairs`, its rows permuted by
+        `_value_column`, undone at the store) right after the scores: the stage is then free, and the gather of
+        tile i + NUM_STAGES goes out before the softmax, two tiles in flight a program instead of one (sweep log
+        session 16: 185k decode H8 48.5 -> 46.8 µs, H16 67.6 -> 62.0, bs 4 146.8 -> 137.0)."""
         gl.static_assert(WARPS == 4 and BLOCK_N == 64, "_key_operand's load layout: one warpgroup, 64 keys")
         ST_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                             instr_shape=[16, TAIL_N, 16])
@@ -469,14 +510,13 @@ if not _GLUON_ERROR:
         G_ROPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[8, 4],
                                                 warps_per_cta=[WARPS, 1], order=[1, 0])
         dtype: gl.constexpr = gl.float16
-        AHEAD: gl.constexpr = NUM_STAGES - 1
         kv_dtype: gl.constexpr = K_buf.dtype.element_ty
         g_nope = gl.allocate_shared_memory(kv_dtype, [NUM_STAGES, BLOCK_N, D_V],
                                            gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], kv_dtype))
         g_rope = gl.allocate_shared_memory(kv_dtype, [NUM_STAGES, BLOCK_N, D_R],
                                            gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_R], kv_dtype))
-        slot_n, slot_r = _gather_ahead(g_nope, g_rope, kv_indices, kv_base, K_buf, lo, hi, stride_ks, AHEAD, D_V, D_R,
-                                       BLOCK_N, G_NOPE, G_ROPE)
+        slot_n, slot_r = _gather_ahead(g_nope, g_rope, kv_indices, kv_base, K_buf, lo, hi, stride_ks, NUM_STAGES, D_V,
+                                       D_R, BLOCK_N, G_NOPE, G_ROPE)
 
         tn_smem, tr_smem, pt_smem = _keys_major_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, H, D_V,
                                                         D_R, TAIL_N, BLOCK_N, NOPE_LAYOUT, ROPE_LAYOUT, dtype, True)
@@ -484,9 +524,9 @@ if not _GLUON_ERROR:
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
         for i in range(n_tiles):
             stage = i % NUM_STAGES
-            # Tile i has landed (everyone's copies), and every warp is past tile i - 1, whose stage the
-            # gather below refills; the queries and the last P are in shared memory for the wgmmas.
-            async_copy.wait_group(AHEAD - 1)
+            # Tile i has landed (everyone's copies; tile i + 1's may still be in flight); the queries and the
+            # last P are in shared memory for the wgmmas.
+            async_copy.wait_group(NUM_STAGES - 1)
             _cta_barrier()
             fence_async_shared()
             k8 = g_nope.index(stage)
@@ -499,24 +539,26 @@ if not _GLUON_ERROR:
                                    tq.slice(c, 128, dim=1).permute((1, 0)), st, is_async=True)
             st = warpgroup_mma(_key_operand(g_rope.index(stage), A_LAYOUT, dtype), tr_smem.index(z).permute((1, 0)),
                                st, is_async=True)
-            ahead = lo + (i + AHEAD) * BLOCK_N
-            free = (i + AHEAD) % NUM_STAGES
-            _gather_tile(g_nope.index(free), g_rope.index(free), slot_n, slot_r, K_buf, ahead, hi, stride_ks,
+            st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
+            # The stage's last reader: once every warp holds its value operand, the stage takes tile
+            # i + NUM_STAGES, so each program keeps two tiles in flight through the softmax and the values.
+            pairs = _value_pairs(k8, A_LAYOUT)
+            _cta_barrier()
+            ahead = lo + (i + NUM_STAGES) * BLOCK_N
+            _gather_tile(g_nope.index(stage), g_rope.index(stage), slot_n, slot_r, K_buf, ahead, hi, stride_ks,
                          D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
             slot_n, slot_r = _tile_slots(kv_indices, kv_base, ahead + BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
-            st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
             m_t, lt_acc, alpha_t = _tail_softmax(st, m_t, lt_acc, pt_smem, qk_scale_log2, lo + i * BLOCK_N, hi,
                                                  offs_tn)
             fence_async_shared()
             _cta_barrier()
             acc_t = acc_t * alpha_t[None, :]
-            acc_t = warpgroup_mma(k8.permute((1, 0)).load(A_LAYOUT).to(dtype), pt_smem.permute((1, 0)), acc_t,
-                                  is_async=True)
+            acc_t = warpgroup_mma(_widen_value_pairs(pairs, A_LAYOUT), pt_smem.permute((1, 0)), acc_t, is_async=True)
             acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t,))
         async_copy.wait_group(0)
         offs_t = first_row + gl.arange(0, TAIL_N, layout=gl.SliceLayout(0, ST_LAYOUT))
         _store_part(O_part, LSE_part, acc_t, gl.sum(lt_acc, 0), m_t, v_scale, q_start * H + offs_t,
-                    offs_t < row_end, split, stride_or, stride_op, stride_lr, D_V, 1, ST_LAYOUT)
+                    offs_t < row_end, split, stride_or, stride_op, stride_lr, D_V, 1, ST_LAYOUT, True)
 
     @gluon.jit
     def _program_work(qo_indptr, kv_indptr, min_chunk, split_reserve, late_keys, row_base, row_stride,
