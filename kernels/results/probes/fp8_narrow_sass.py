@@ -1,7 +1,8 @@
 """Session 15, no GPU and no torch: registers, stack and an opcode histogram (and the LDS widths) of the fp8 keys-major
 form (decode: prefix_wide_hopper_kernel with BLOCK_M 0, TAIL_N 8, an fp8 cache, 4 warps) of a package folder, compiled
 for sm_90 by the running Triton. Written to see why the value operand loaded as contiguous bytes (session 14's vonly)
-measured slower under Triton 3.6:
+measured slower under Triton 3.6. Session 16 added the key loop's own count and histogram (the longest backward
+branch's body), the figures the sweep log gives for the value operand's matrix loads:
 
     /path/to/triton36-venv/bin/python kernels/results/probes/fp8_narrow_sass.py kernels/ddtree_kernels
 """
@@ -48,3 +49,12 @@ print(f"Triton {triton.__version__}: {' '.join(re.findall(r'REG:[0-9]+|STACK:[0-
 print("  " + ", ".join(f"{op} {n}" for op, n in by_op.most_common(14)))
 print("  loads: " + ", ".join(f"{op} {n}" for op, n in sorted(collections.Counter(
     op for op in opcodes if op.startswith("LDS")).items())))
+# The key loop: the body of the longest backward branch (one key tile a trip).
+body = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)([^;]*);")
+instructions = [(int(a, 16), op, rest) for a, op, rest in body.findall(sass)]
+back = [(addr, int(m.group(1), 16)) for addr, op, rest in instructions if op == "BRA"
+        for m in [re.search(r"0x([0-9a-f]+)", rest)] if m and int(m.group(1), 16) < addr]
+end, start = max(back, key=lambda b: b[0] - b[1])
+loop = [op for addr, op, _ in instructions if start <= addr <= end]
+print(f"  key loop: {len(loop)} instructions a trip; " + ", ".join(
+    f"{op} {n}" for op, n in collections.Counter(loop).most_common(12)))
