@@ -422,11 +422,6 @@ if not _GLUON_ERROR:
                         offs_t < row_end, split, stride_or, stride_op, stride_lr, D_V, 1, ST_LAYOUT)
 
     @gluon.jit
-    def _value_column(m):
-        """The value column that row m of `_value_operand` holds: m = 128b + 64p + r holds 128b + 2r + p."""
-        return m // 128 * 128 + m % 64 * 2 + m // 64 % 2
-
-    @gluon.jit
     def _value_pairs(v8, A_LAYOUT: gl.constexpr):
         """An 8-bit [64 keys, D_V] value tile read as 16-bit column pairs and transposed, in the values' wgmma A
         layout: [D_V / 2, 64], element [j, k] the bytes of columns 2j, 2j + 1 of key k. A transposed 16-bit load
@@ -496,7 +491,7 @@ if not _GLUON_ERROR:
         bytes. The transposed value operand is read as 16-bit column pairs (`_value_pairs`, its rows permuted by
         `_value_column`, undone at the store) right after the scores: the stage is then free, and the gather of
         tile i + NUM_STAGES goes out before the softmax, two tiles in flight a program instead of one (sweep log
-        session 16: 185k decode H8 48.5 -> 46.8 µs, H16 67.6 -> 62.0, bs 4 146.8 -> 137.0)."""
+        session 16: 185k decode H8 48.4 -> 46.8 µs, H16 67.5 -> 62.1, bs 4 146.8 -> 137.0)."""
         gl.static_assert(WARPS == 4 and BLOCK_N == 64, "_key_operand's load layout: one warpgroup, 64 keys")
         ST_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                             instr_shape=[16, TAIL_N, 16])
