@@ -173,6 +173,17 @@ if not _GLUON_ERROR:
         return mt_new, lt_acc, alpha_t
 
     @gluon.jit
+    def _key_stages(dtype: gl.constexpr, NUM_STAGES: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
+                    D_R: gl.constexpr):
+        """The gathered key tiles' ring: NUM_STAGES [BLOCK_N, D_V] latent stages and [BLOCK_N, D_R] rope stages
+        in `dtype` (the cache's), each in wgmma's swizzled layout."""
+        g_nope = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, D_V],
+                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype))
+        g_rope = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, D_R],
+                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_R], dtype))
+        return g_nope, g_rope
+
+    @gluon.jit
     def _gather_ahead(g_nope, g_rope, kv_indices, kv_base, K_buf, lo, hi, stride_ks, AHEAD: gl.constexpr,
                       D_V: gl.constexpr, D_R: gl.constexpr, BLOCK_N: gl.constexpr, NOPE_LAYOUT: gl.constexpr,
                       ROPE_LAYOUT: gl.constexpr):
@@ -302,10 +313,7 @@ if not _GLUON_ERROR:
             dtype: gl.constexpr = K_buf.dtype.element_ty
             AHEAD: gl.constexpr = NUM_STAGES - 1
         kv_dtype: gl.constexpr = K_buf.dtype.element_ty
-        g_nope = gl.allocate_shared_memory(kv_dtype, [NUM_STAGES, BLOCK_N, D_V],
-                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], kv_dtype))
-        g_rope = gl.allocate_shared_memory(kv_dtype, [NUM_STAGES, BLOCK_N, D_R],
-                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_R], kv_dtype))
+        g_nope, g_rope = _key_stages(kv_dtype, NUM_STAGES, BLOCK_N, D_V, D_R)
         if KV_FP8:
             k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, D_V],
                                                gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype))
@@ -506,10 +514,7 @@ if not _GLUON_ERROR:
                                                 warps_per_cta=[WARPS, 1], order=[1, 0])
         dtype: gl.constexpr = gl.float16
         kv_dtype: gl.constexpr = K_buf.dtype.element_ty
-        g_nope = gl.allocate_shared_memory(kv_dtype, [NUM_STAGES, BLOCK_N, D_V],
-                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], kv_dtype))
-        g_rope = gl.allocate_shared_memory(kv_dtype, [NUM_STAGES, BLOCK_N, D_R],
-                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_R], kv_dtype))
+        g_nope, g_rope = _key_stages(kv_dtype, NUM_STAGES, BLOCK_N, D_V, D_R)
         slot_n, slot_r = _gather_ahead(g_nope, g_rope, kv_indices, kv_base, K_buf, lo, hi, stride_ks, NUM_STAGES, D_V,
                                        D_R, BLOCK_N, G_NOPE, G_ROPE)
 

@@ -59,6 +59,7 @@ if not prefix_hopper.unavailable_reason():
         _gather_ahead,
         _gather_tile,
         _grid_dependency,
+        _key_stages,
         _keys_major_queries,
         _keys_major_state,
         _load_queries,
@@ -294,10 +295,7 @@ if not prefix_hopper.unavailable_reason():
         # masked rows or an empty part (LSE -inf), which the merge weighs 0.
         n_tiles = gl.where(first_row < n_rows, gl.maximum(gl.cdiv(hi - lo, BLOCK_N), 0), 0)
         dtype: gl.constexpr = K_buf.dtype.element_ty
-        g_nope = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, D_V],
-                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype))
-        g_rope = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, D_R],
-                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_R], dtype))
+        g_nope, g_rope = _key_stages(dtype, NUM_STAGES, BLOCK_N, D_V, D_R)
         NOPE_LAYOUT: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
                                                      warps_per_cta=[num_warps, 1], order=[1, 0])
         ROPE_LAYOUT: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
