@@ -24,7 +24,7 @@ $(BIN)/.installed: pyproject.toml kernels/pyproject.toml
 	$(PY) -m pip install --quiet --upgrade "pip>=25.1"
 	$(PY) -m pip install --quiet --group dev
 	$(PY) -m pip install --quiet --no-deps -e kernels
-	$(PY) -m pip install --quiet -e .
+	$(PY) -m pip install --quiet -e ".[plot,release-job,controller]"
 	@touch $@
 	@echo "setup done: $(VENV) ($$($(PY) -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'))"
 
@@ -51,14 +51,15 @@ sglang-wheel: setup  ## download the pinned SGLang wheel (no dependencies) into 
 	$(PY) -m pip download --quiet --no-deps --only-binary=:all: sglang==$(SGLANG_VERSION) -d .cache/wheels
 	@ls .cache/wheels/sglang-$(SGLANG_VERSION)-*.whl
 
-ENDPOINT ?= http://127.0.0.1:30000
+ENDPOINT ?=
 SMOKE_ARGS ?=
-smoke-test: setup  ## smoke-test: make smoke-test HOST=ct200 (on the host), or ENDPOINT=http://host:30000 from here
-	@if [ -n "$(HOST)" ]; then $(ANSIBLE) $(INVENTORY_ARG) playbooks/smoke.yml --limit $(HOST); \
-	else $(BIN)/ddtree-ops smoke --endpoint $(ENDPOINT) $(SMOKE_ARGS); fi
+smoke-test: setup  ## make smoke-test HOST=ct200 (on the host; no HOST: the local test host), or ENDPOINT=http://host:30000 from here
+	@if [ -n "$(ENDPOINT)" ] && [ -z "$(HOST)" ]; then $(BIN)/ddtree-ops smoke --endpoint $(ENDPOINT) $(SMOKE_ARGS); \
+	else $(ANSIBLE) $(INVENTORY_ARG) playbooks/smoke.yml --limit $(TARGET); fi
 
 BENCH_ARGS ?=
 bench: setup  ## decode throughput vs context length of a live endpoint: make bench ENDPOINT=... [BENCH_ARGS="--previous old.json"]
+	@test -n "$(ENDPOINT)" || { echo "make bench needs ENDPOINT=http://host:30000 (a live server)"; exit 2; }
 	$(BIN)/ddtree-ops bench --endpoint $(ENDPOINT) --out throughput-out $(BENCH_ARGS)
 
 RELEASE_OUT ?= release-report
@@ -83,7 +84,7 @@ TESTHOST_DIR := .cache/testhosts
 INVENTORY_ARG = $(if $(HOST),-i $(INVENTORY),-i inventory/test)
 TARGET = $(if $(HOST),$(HOST),ct-test-1)
 
-deploy: setup  ## make deploy HOST=ct200 [ARGS="-e ddtree_sglang_version=0.5.23"]; no HOST: a local test host
+deploy: setup  ## make deploy HOST=ct200 [ARGS="-e ddtree_ddtree_budget=16"]; no HOST: the DDTree branch on a local test host
 	@$(if $(HOST),,$(MAKE) --no-print-directory testhost)
 	$(ANSIBLE) $(INVENTORY_ARG) playbooks/deploy.yml --limit $(TARGET) $(ARGS)
 
@@ -93,13 +94,14 @@ check: setup  ## make check HOST=ct200: what deploy would change (--check --diff
 rollback: setup  ## make rollback HOST=ct200 [ARGS="-e rollback_to=RELEASE_ID"]
 	$(ANSIBLE) $(INVENTORY_ARG) playbooks/rollback.yml --limit $(TARGET) $(ARGS)
 
-testhost: setup  ## start the local test host ct-test-1 (kept until make testhost-down)
-	@if [ -f $(TESTHOST_DIR)/testhosts.json ] && ip netns list | grep -q '^ddt-host1'; then \
+testhost: setup  ## start the local test host ct-test-1 and its DDTree git source (kept until make testhost-down)
+	@if [ -f $(TESTHOST_DIR)/testhosts.json ] && [ -f $(TESTHOST_DIR)/sglang-git/ddtree-v2.commit ] && \
+	  ip netns list | grep -q '^ddt-host1'; then \
 	  echo "test host ct-test-1 is up (10.213.1.2:2222; make testhost-down removes it)"; \
-	else $(PY) -m tests.deploy.testhost up --dir $(TESTHOST_DIR) --count 1; fi
+	else $(BIN)/ddtree-ops testhost up --dir $(TESTHOST_DIR) --count 1; fi
 
 testhost-down:  ## remove the local test host (kills only its own processes)
-	$(PY) -m tests.deploy.testhost down --dir $(TESTHOST_DIR)
+	$(BIN)/ddtree-ops testhost down --dir $(TESTHOST_DIR)
 
 clean:  ## remove build outputs (keeps .venv)
 	rm -rf dist build kernels/build kernels/*.egg-info .pytest_cache .ruff_cache

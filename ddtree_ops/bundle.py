@@ -8,6 +8,12 @@ deploy finds nothing to do. Bundles are cached under `.cache/bundles/<id>.tar` a
 with an atomic rename.
 
     ddtree-ops bundle --sglang-version 0.5.23 --python-version 3.12 --out .cache/bundles
+
+A git source (a DDTree branch) is built into a wheel here, on the controller, with
+`SGLANG_BUILD_RUST_EXTS=none` (the optional gRPC extension needs a Rust toolchain and nothing
+in DDTree serving uses it) and the version `0.0.0.dev0+g<commit[:12]>` (git_wheel_version):
+setuptools-scm would give 0.0.0.dev0 or 0.5.N.devM+g… depending on which tags the clone has,
+so the bundle pins one that names the commit and is the same from every clone.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -32,6 +39,11 @@ SOURCE_GLOBS = {
 }
 GIT_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 PEP440_EXACT = re.compile(r"^\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
+
+
+def git_wheel_version(commit: str) -> str:
+    """The version a wheel built from SGLang commit `commit` reports (a PEP 440 dev version with the commit)."""
+    return f"0.0.0.dev0+g{commit[:12]}"
 
 
 class BundleError(RuntimeError):
@@ -51,6 +63,7 @@ class BundleSpec:
     extra_wheels: list[str] = field(default_factory=list)  # local wheel files to ship and install as well
     extra_packages: list[str] = field(default_factory=list)  # requirement names to install (found in the bundle)
     patches: str = ""  # patch folder with series.toml; empty: the repository's patches/
+    patch_series: str = ""  # a series name to apply; empty: the patch tool picks it from the SGLang tree
 
     def validate(self) -> None:
         if bool(self.sglang_version) == bool(self.sglang_git_url):
@@ -88,6 +101,7 @@ class Bundle:
     install_tools: list[str]  # ddtree-ops + extras, always with dependencies
     pip_source: str
     with_dependencies: bool
+    patch_series: str = ""
 
 
 def _patches(spec: BundleSpec, repo: Path) -> Path:
@@ -119,12 +133,15 @@ def bundle_id(spec: BundleSpec, repo: Path = REPO) -> str:
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def _pip(args: list[str], what: str) -> None:
+def _pip(args: list[str], what: str, env: dict[str, str] | None = None) -> None:
     cmd = [sys.executable, "-m", "pip", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
     if proc.returncode:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-12:])
-        raise BundleError(f"{what} failed (pip exit {proc.returncode}):\n{tail}\ncommand: {' '.join(cmd)}")
+        hint = ("\nThis SGLang source builds its Rust extension whatever SGLANG_BUILD_RUST_EXTS says (no "
+                "python/setup.py honouring it): the controller needs cargo and crates.io, or pin a newer commit."
+                if "cargo" in tail else "")
+        raise BundleError(f"{what} failed (pip exit {proc.returncode}):\n{tail}{hint}\ncommand: {' '.join(cmd)}")
 
 
 def _target_flags(spec: BundleSpec) -> list[str]:
@@ -144,6 +161,21 @@ def _wheel_version(wheels: Path, dist: str) -> str:
     if not found:
         raise BundleError(f"no {dist} wheel was built into {wheels}")
     return found[-1][len(prefix):].split("-")[0]
+
+
+def _make_pure(wheels: Path) -> None:
+    """Retag the SGLang wheel built without Rust extensions as py3-none-any, so a host of any Python takes it.
+
+    setuptools-rust tags the wheel for this machine's CPython even when it builds no extension;
+    a wheel holding a compiled file is left as it is (then the host must match this Python)."""
+    for whl in wheels.glob("sglang-*.whl"):
+        with zipfile.ZipFile(whl) as zf:
+            if any(n.endswith((".so", ".pyd")) for n in zf.namelist()):
+                continue
+        proc = subprocess.run([sys.executable, "-m", "wheel", "tags", "--python-tag", "py3", "--abi-tag", "none",
+                               "--platform-tag", "any", "--remove", str(whl)], capture_output=True, text=True)
+        if proc.returncode:
+            raise BundleError(f"retagging {whl.name} as py3-none-any failed: {proc.stderr.strip()[-400:]}")
 
 
 def build_bundle(spec: BundleSpec, out: str | Path, repo: Path = REPO, log=print) -> Bundle:
@@ -169,9 +201,13 @@ def build_bundle(spec: BundleSpec, out: str | Path, repo: Path = REPO, log=print
             shutil.copy(extra, wheels)
         versions = {d: _wheel_version(wheels, d) for d in ("ddtree-kernels", "ddtree-ops")}
         sglang_req = spec.sglang_requirement
-        if spec.sglang_git_url and spec.pip_source == "wheelhouse":
-            log(f"bundle {bid}: building SGLang from {spec.sglang_git_url}@{spec.sglang_git_commit[:12]}")
-            _pip(["wheel", "--quiet", "--no-deps", "-w", str(wheels), sglang_req], "building SGLang from git")
+        if spec.sglang_git_url:  # built here in both modes: the host needs no git, toolchain or scm
+            log(f"bundle {bid}: building SGLang from {spec.sglang_git_url}@{spec.sglang_git_commit[:12]} "
+                f"(no Rust extensions; version {git_wheel_version(spec.sglang_git_commit)})")
+            _pip(["wheel", "--quiet", "--no-deps", "-w", str(wheels), sglang_req], "building SGLang from git",
+                 env={"SGLANG_BUILD_RUST_EXTS": "none",
+                      "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG": git_wheel_version(spec.sglang_git_commit)})
+            _make_pure(wheels)
             versions["sglang"] = _wheel_version(wheels, "sglang")
         elif spec.sglang_version:
             versions["sglang"] = spec.sglang_version
@@ -193,7 +229,7 @@ def build_bundle(spec: BundleSpec, out: str | Path, repo: Path = REPO, log=print
         files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(wheels.iterdir())}
         bundle = Bundle(id=bid, tar=str(tar_path), sglang_version=versions.get("sglang", sglang_req),
                         versions=versions, install_core=core, install_tools=tools, pip_source=spec.pip_source,
-                        with_dependencies=spec.with_dependencies)
+                        with_dependencies=spec.with_dependencies, patch_series=spec.patch_series)
         manifest = {**asdict(bundle), "spec": asdict(spec), "constraints": constraints, "wheels": files}
         manifest.pop("tar")
         (stage / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))

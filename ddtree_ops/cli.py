@@ -4,6 +4,8 @@
     ddtree-ops release-job [--versions 0.5.14,0.5.23] [--out DIR]
     ddtree-ops smoke --endpoint URL [--model M] [--min-accept-length X] [--wait S] [--json FILE]
     ddtree-ops bundle --sglang-version 0.5.23 [--pip-source wheelhouse|index] [--out DIR] [--json]
+    ddtree-ops launch-check [--preload MODULE] [--json] -- SERVER ARGS...
+    ddtree-ops testhost up|down [--dir .cache/testhosts] [--count 1]
     ddtree-ops bench --endpoint URL [--contexts 8192,...] [--concurrency 1,4] [--out DIR] [--previous FILE]
 """
 
@@ -44,7 +46,11 @@ def _release_job(args: argparse.Namespace) -> int:
     from .release_job import run_release_job
 
     versions = args.versions.split(",") if args.versions else None
-    matrix = run_release_job(versions=versions, out=args.out, patches=args.patches, oldest=args.oldest)
+    from .ddtree_sources import load_sources
+
+    sources = [] if args.no_ddtree_sources else load_sources(args.ddtree_sources)
+    matrix = run_release_job(versions=versions, out=args.out, patches=args.patches, oldest=args.oldest,
+                             ddtree_sources=sources, fetch_git=args.fetch_git)
     return 0 if matrix.supported_all() or not args.strict else 1
 
 
@@ -88,7 +94,7 @@ def _bundle(args: argparse.Namespace) -> int:
                       with_dependencies=not args.no_dependencies, python_version=args.python_version or "",
                       platforms=args.platform or [], extra_constraints=args.constraint or [],
                       extra_wheels=args.extra_wheel or [], extra_packages=args.extra_package or [],
-                      patches=args.patches or "")
+                      patches=args.patches or "", patch_series=args.patch_series or "")
     try:
         bundle = build_bundle(spec, args.out, log=lambda msg: print(msg, file=sys.stderr))
     except BundleError as exc:
@@ -99,6 +105,34 @@ def _bundle(args: argparse.Namespace) -> int:
     else:
         print(f"bundle {bundle.id}: {bundle.tar}")
     return 0
+
+
+def _launch_check(args: argparse.Namespace) -> int:
+    from .launch_check import LaunchCheck, check_launch_args
+
+    server_args = args.server_args[1:] if args.server_args[:1] == ["--"] else args.server_args
+    try:
+        result = check_launch_args(server_args, preload=args.preload)
+    except Exception as exc:  # a release whose argument parser does not even import would not start either
+        problem = f"importing SGLang's argument parser failed: {type(exc).__name__}: {exc}"
+        result = LaunchCheck(False, "unknown", problem)
+    if args.json:
+        print(result.to_json())
+    elif result.ok:
+        print(f"SGLang {result.sglang_version} accepts the server arguments")
+    if not result.ok:
+        print(f"ddtree-ops launch-check: {result.problem}", file=sys.stderr)
+    return 0 if result.ok else 1
+
+
+def _testhost(args: argparse.Namespace) -> int:
+    from . import testhost
+
+    try:
+        return testhost.run(args)
+    except RuntimeError as exc:
+        print(f"ddtree-ops testhost {args.action}: {exc}", file=sys.stderr)
+        return 2
 
 
 def _endpoint_args(p: argparse.ArgumentParser) -> None:
@@ -126,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--oldest", default="0.5.14", help="oldest release to include (default 0.5.14)")
     r.add_argument("--out", default="release-report", help="folder for matrix.json and matrix.md")
     r.add_argument("--patches", default=None)
+    r.add_argument("--ddtree-sources", default=None,
+                   help="DDTree git sources to check too (default patches/ddtree-sources.toml)")
+    r.add_argument("--no-ddtree-sources", action="store_true", help="releases only")
+    r.add_argument("--fetch-git", action="store_true",
+                   help="fetch DDTree sources without a local snapshot from their git URL (needs the git host)")
     r.add_argument("--strict", action="store_true", help="exit 1 unless every release is supported")
     r.set_defaults(func=_release_job)
 
@@ -149,9 +188,22 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--extra-wheel", action="append", help="a local wheel to ship and install as well (repeat)")
     u.add_argument("--extra-package", action="append", help="a requirement to install from the bundle (repeat)")
     u.add_argument("--patches", help="patch folder with series.toml (default: the repository's patches/)")
+    u.add_argument("--patch-series", help="the series the host applies (default: picked from the SGLang tree)")
     u.add_argument("--out", default=".cache/bundles", help="bundle cache folder (default .cache/bundles)")
     u.add_argument("--json", action="store_true", help="print the bundle description as JSON")
     u.set_defaults(func=_bundle)
+
+    c = sub.add_parser("launch-check", help="have the installed SGLang parse server arguments (exit 1 if refused)")
+    c.add_argument("--preload", help="import this module first (the test hosts' GPU-stack stand-ins)")
+    c.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    c.add_argument("server_args", nargs=argparse.REMAINDER, help="-- then the arguments of sglang.launch_server")
+    c.set_defaults(func=_launch_check)
+
+    t = sub.add_parser("testhost", help="start or remove local test hosts (network namespaces with their own sshd)")
+    from .testhost import add_arguments as testhost_arguments
+
+    testhost_arguments(t)
+    t.set_defaults(func=_testhost)
 
     b = sub.add_parser("bench", help="decode throughput against context length and concurrency")
     _endpoint_args(b)

@@ -205,8 +205,9 @@ def policy_checks(tree: SglangTree) -> list[CheckResult]:
             with env(DDTREE_TREE_VERIFY=None):
                 sys.argv = ["sglang.launch_server", "--speculative-algorithm", "DDTREE", "--page-size", "1"]
                 assert resolve(named_backend("TritonAttnBackend")) == ("TritonAttnBackend", True)
-                sys.argv = ["sglang.launch_server", "--speculative-algorithm=DFLASH"]
-                assert resolve(named_backend("TritonAttnBackend")) == ("TritonAttnBackend", False)
+                sys.argv = ["sglang.launch_server", "--speculative-algorithm=DFLASH"]  # a chain: SGLang's own answer
+                expected = "TritonAttnBackend" not in skip  # releases skip-list Triton; the older ddtree branch not
+                assert resolve(named_backend("TritonAttnBackend")) == ("TritonAttnBackend", expected)
         finally:
             sys.argv = saved
 
@@ -263,7 +264,13 @@ def routing_checks(tree: SglangTree) -> list[CheckResult]:
     create = ns["create_triton_backend"]
     new_layout = _uses_verify_mask_struct(tree)
     base = _triton_stand_in(new_layout)
-    runner = types.SimpleNamespace(model_config=types.SimpleNamespace(is_encoder_decoder=False))
+    # Releases with VerifyMask (0.5.18+) have no DDTree: a DFlash server. The others (0.5.14-0.5.17 and the
+    # DDTree branches, which size the mask max_num_tokens * max_context_len): DDTree at budget 64, block 16.
+    algorithm = "DFLASH" if new_layout else "DDTREE"
+    runner = types.SimpleNamespace(model_config=types.SimpleNamespace(is_encoder_decoder=False),
+                                   server_args=types.SimpleNamespace(speculative_algorithm=algorithm,
+                                                                     speculative_num_draft_tokens=9,
+                                                                     speculative_ddtree_budget=64))
     modules = {"sglang.srt.layers.attention.triton_backend": {"TritonAttnBackend": base}}
 
     def default_routes_to_ddtree():
@@ -284,11 +291,13 @@ def routing_checks(tree: SglangTree) -> list[CheckResult]:
     def graph_mask_sized_for_tree():
         with env(DDTREE_VERIFY_KERNEL="ddtree"):
             b = create(runner)
-        b.init_cuda_graph_state(4, 4 * 9)
-        need = 4 * 9 * (1000 + 9)
+        width = 9 if new_layout else 64 + 1  # DDTree verifies budget + 1 tokens a request, not the block's 9
+        b.init_cuda_graph_state(4, 4 * width)
+        need = 4 * width * (1000 + width)
         mask = b._verify_mask.buffer if new_layout else b.cuda_graph_custom_mask
         assert mask.numel() >= need, mask.numel()
-        return f"{'VerifyMask' if new_layout else 'cuda_graph_custom_mask'}: {mask.numel()} bytes, 36 tokens at 1000"
+        kind = "VerifyMask" if new_layout else "cuda_graph_custom_mask"
+        return f"{kind}: {mask.numel()} bytes, {4 * width} tokens at 1000"
 
     def bad_switch_is_named():
         with env(DDTREE_VERIFY_KERNEL="fast"):

@@ -141,7 +141,7 @@ def _write_record(tree: SglangTree, series: Series) -> dict:
     record = {
         "tool": "ddtree-ops",
         "series": series.name,
-        "sglang_version": str(tree.version),
+        "sglang_version": str(tree.version) if tree.version is not None else "unknown",
         "layout": tree.layout,
         "patches": [{"name": p.name, "sha256": p.sha256()} for p in series.patches],
         "applied_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -154,12 +154,18 @@ def _resolve(target, series_name, patches, sglang_version) -> tuple[SglangTree, 
     tree = locate(target, sglang_version)
     record = read_record(tree)
     name = series_name or (record or {}).get("series")
-    return tree, select_series(tree.version, load_series(patches), name)
+    try:
+        return tree, select_series(tree.version, load_series(patches), name, tree.package_root)
+    except LookupError as exc:
+        if tree.version is None:
+            raise LookupError(f"{exc} ({tree.package} has no readable version: pass --sglang-version X.Y.Z "
+                              f"for a release checkout)") from None
+        raise
 
 
 def _report(action: str, tree: SglangTree, series: Series, outcome: str, states: dict) -> Report:
-    return Report(action, str(tree.base), tree.layout, str(tree.version), series.name, outcome, states,
-                  read_record(tree))
+    version = str(tree.version) if tree.version is not None else "unknown"
+    return Report(action, str(tree.base), tree.layout, version, series.name, outcome, states, read_record(tree))
 
 
 def status(target, *, series: str | None = None, patches=None, sglang_version: str | None = None) -> Report:
@@ -180,7 +186,8 @@ def check(target, *, series: str | None = None, patches=None, sglang_version: st
         raise PatchError(f"{tree.package} is partially patched ({_fmt(states)}): run revert, or reinstall SGLang")
     if _git_apply(tree, s.patches, check=True).returncode != 0:
         failures = [f for p in s.patches for f in explain_failure(tree, p)]
-        raise PatchError(f"series {s.name} does not apply to SGLang {tree.version} at {tree.package}", failures)
+        raise PatchError(f"series {s.name} does not apply to SGLang {tree.version or '(unknown version)'} at "
+                         f"{tree.package}: the patches' anchors moved; refresh them (patches/README.md)", failures)
     return _report("check", tree, s, "would apply", states)
 
 

@@ -22,11 +22,16 @@ class TargetError(ValueError):
 class SglangTree:
     base: Path  # where `git apply` runs
     prefix: str  # "" for site-packages / wheel, "python" for a git checkout
-    version: Version
+    version: Version | None  # None: not readable (a git checkout without _version.py)
 
     @property
     def package(self) -> Path:
         return self.base / self.prefix / "sglang" if self.prefix else self.base / "sglang"
+
+    @property
+    def package_root(self) -> Path:
+        """The folder holding `sglang/`: series' `detect` paths are relative to it."""
+        return self.package.parent
 
     @property
     def layout(self) -> str:
@@ -51,7 +56,7 @@ def _read_version(package: Path) -> str | None:
 
 
 def locate(target: str | Path, version: str | None = None) -> SglangTree:
-    """The SGLang tree under `target`; `version` overrides detection (e.g. for a git checkout)."""
+    """The SGLang tree under `target`; `version` overrides the one read from the tree (None if unreadable)."""
     base = Path(target).resolve()
     if not base.is_dir():
         raise TargetError(f"{base} is not a directory: pass a site-packages dir, an unpacked wheel or a git checkout")
@@ -68,11 +73,8 @@ def locate(target: str | Path, version: str | None = None) -> SglangTree:
         )
     package = base / prefix / "sglang" if prefix else base / "sglang"
     text = version or _read_version(package)
-    if text is None:
-        raise TargetError(
-            f"cannot tell which SGLang release {package} is (no _version.py, dist-info or pyproject version): "
-            f"pass --sglang-version X.Y.Z"
-        )
+    if text is None:  # a DDTree checkout: its series is found by what it contains
+        return SglangTree(base, prefix, None)
     try:
         return SglangTree(base, prefix, Version(text))
     except InvalidVersion as exc:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import zipfile
+from importlib import metadata
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,3 +35,28 @@ def test_ops_wheel_has_every_module(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     source = {str(p.relative_to(ROOT)) for p in (ROOT / "ddtree_ops").rglob("*.py")}
     assert source <= names, sorted(source - names)
+
+
+def _third_party_imports(package: Path) -> set[str]:
+    """Top-level modules the package imports (anywhere, lazily too), less the standard library and itself."""
+    found = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return {m for m in found if m not in sys.stdlib_module_names and m not in {package.name, "__future__"}}
+
+
+def test_ops_declares_every_package_it_imports():
+    """ddtree-ops imports nothing it does not declare (base requirements or an extra), SGLang aside:
+    the patch tool and the launch check run inside the release venv, next to the SGLang they check."""
+    declared = {canonicalize_name(Requirement(r).name) for r in metadata.requires("ddtree-ops") or []}
+    owners = metadata.packages_distributions()
+    missing = {}
+    for module in _third_party_imports(ROOT / "ddtree_ops") - {"sglang", "tomli"}:
+        dists = {canonicalize_name(d) for d in owners.get(module, [module])}
+        if not dists & declared:
+            missing[module] = sorted(dists)
+    assert not missing, f"imported but not declared in pyproject.toml: {missing}"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from . import testhost
+from ddtree_ops import testhost
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT = "/srv/ddtree"
@@ -45,6 +45,21 @@ class Hosts:
     workdir: Path
     hosts: list[testhost.TestHost]
     api_key: dict[str, str] = field(default_factory=dict)  # host -> the key its server was deployed with
+
+    def source(self, name: str) -> dict[str, str]:
+        """Extra vars that pin DDTree source `name` (a snapshot made a git repository by testhost.up)."""
+        repo = self.workdir / "sglang-git" / name.removesuffix("-next")  # -next: a later commit of the same branch
+        return {"ddtree_sglang_version": "", "ddtree_sglang_git_url": f"file://{repo}",
+                "ddtree_sglang_git_commit": self.commit(name)}
+
+    def commit(self, name: str) -> str:
+        return (self.workdir / "sglang-git" / f"{name}.commit").read_text().strip()
+
+    def version(self, name: str) -> str:
+        """The version SGLang built from DDTree source `name` reports (bundle.git_wheel_version)."""
+        from ddtree_ops.bundle import git_wheel_version
+
+        return git_wheel_version(self.commit(name))
 
     def __getitem__(self, name: str) -> testhost.TestHost:
         return next(h for h in self.hosts if h.name == name)
@@ -94,6 +109,7 @@ class Hosts:
 def hosts(tmp_path_factory) -> Hosts:
     workdir = tmp_path_factory.mktemp("testhosts")
     testhost.build_standin_wheel(workdir)
+    testhost.make_git_sources(workdir)
     made = testhost.up(workdir, count=2)
     try:
         yield Hosts(workdir, made)

@@ -4,31 +4,38 @@ The cases run in file order and build on each other (one deploy history per host
 real server); each checks the state on the host itself: the `current` link, the release
 markers, the unit, the process and which SGLang version answers on the port. They share one
 file because `make test` distributes whole files (--dist loadfile): one worker owns the hosts.
-The last cases run fabfile.py's read-only tasks against the deployed hosts.
+What they install is a DDTree branch built from git, as production does: the shared ddtree-v2
+snapshot made a git repository (OLD) with one later commit (NEW), reached by file:// URL. One
+case installs a PyPI release, which the launch-argument check refuses.
+The last cases run the read-only Fabric tasks (ddtree_ops.hosts, `fab`) against the deployed hosts.
 """
 
 from __future__ import annotations
 
+import os
 import pwd
 import shutil
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import paramiko
 import pytest
 import requests
 
-import fabfile
+from ddtree_ops import hosts as remote
 
 from .conftest import REPO, ROOT, UNIT, Hosts
 
-OLD, NEW = "0.5.22", "0.5.23"
+OLD, NEW = "ddtree-v2", "ddtree-v2-next"  # two commits of the DDTree branch (testhost.make_git_sources)
 H1, H2 = "ct-test-1", "ct-test-2"
 
 
 def _deployed(hosts: Hosts, host: str, version: str) -> dict:
     st = hosts.state(host)
     assert st["health"] == 200, st
-    assert st["info"]["version"] == version, st["info"]
+    assert st["info"]["version"] == hosts.version(version), st["info"]
     assert st["current"] in st["releases"], st
     assert st["releases"][st["current"]] == {"complete": True, "verified": True}, st
     assert len(st["pids"]) == 1, f"one server process expected on {host}: {st['pids']}"
@@ -36,7 +43,7 @@ def _deployed(hosts: Hosts, host: str, version: str) -> dict:
 
 
 def test_first_deploy_on_two_hosts(hosts: Hosts):
-    result = hosts.play("deploy.yml", extra={"ddtree_sglang_version": OLD})
+    result = hosts.play("deploy.yml", extra=hosts.source(OLD))
     assert result.rc == 0, result.output[-4000:]
     for host in (H1, H2):
         assert result.recap[host]["failed"] == 0
@@ -44,7 +51,8 @@ def test_first_deploy_on_two_hosts(hosts: Hosts):
         info = st["info"]
         # the real SGLang wheel in the release venv was patched by the patch tool, both patches
         assert [p["name"][:4] for p in info["ddtree_patches"]["patches"]] == ["0001", "0002"]
-        assert info["ddtree_patches"]["sglang_version"] == OLD
+        assert info["ddtree_patches"]["sglang_version"] == hosts.version(OLD)
+        assert info["ddtree_patches"]["series"] == "ddtree-branches"  # found by its sources, no version flag
         args = " ".join(info["server_args"])
         assert "--speculative-algorithm DDTREE" in args and "--page-size 1" in args
         assert "--attention-backend triton" in args and info["verify_kernel"] == "ddtree"
@@ -66,7 +74,7 @@ def test_first_deploy_on_two_hosts(hosts: Hosts):
 
 def test_second_deploy_changes_nothing(hosts: Hosts):
     before = {h: hosts.state(h) for h in (H1, H2)}
-    result = hosts.play("deploy.yml", extra={"ddtree_sglang_version": OLD})
+    result = hosts.play("deploy.yml", extra=hosts.source(OLD))
     assert result.rc == 0, result.output[-4000:]
     for host in (H1, H2):
         assert result.changed(host) == 0, result.output[-4000:]
@@ -86,24 +94,24 @@ def test_smoke_playbook_runs_the_release_smoke_test_on_the_host(hosts: Hosts):
 def test_check_mode_reports_and_touches_nothing(hosts: Hosts):
     before = hosts.state(H1)
     listing = hosts.sh(H1, f"find {ROOT} /etc/systemd/system -printf '%p %s %T@\\n' | sort")
-    result = hosts.play("deploy.yml", "--check", "--diff", limit=H1, extra={"ddtree_sglang_version": NEW})
+    result = hosts.play("deploy.yml", "--check", "--diff", limit=H1, extra=hosts.source(NEW))
     assert result.rc == 0, result.output[-4000:]
     assert result.changed(H1) > 0  # it says what would change ...
     assert "Switch current to" in result.output
     after = hosts.state(H1)  # ... and changed none of it
     assert hosts.sh(H1, f"find {ROOT} /etc/systemd/system -printf '%p %s %T@\\n' | sort") == listing
-    assert after["pids"] == before["pids"] and after["info"]["version"] == OLD
+    assert after["pids"] == before["pids"] and after["info"]["version"] == hosts.version(OLD)
 
 
 def test_upgrade_to_a_new_pin(hosts: Hosts):
     old = hosts.state(H1)["current"]
-    result = hosts.play("deploy.yml", limit=H1, extra={"ddtree_sglang_version": NEW})
+    result = hosts.play("deploy.yml", limit=H1, extra=hosts.source(NEW))
     assert result.rc == 0, result.output[-4000:]
     st = _deployed(hosts, H1, NEW)
     assert st["current"] != old and st["releases"][old] == {"complete": True, "verified": True}
     assert len(st["venvs"]) == 2
     assert f"roll back: ansible-playbook -i inventory/test playbooks/rollback.yml --limit {H1}" in result.output
-    assert hosts.state(H2)["info"]["version"] == OLD  # --limit kept the other host out
+    assert hosts.state(H2)["info"]["version"] == hosts.version(OLD)  # --limit kept the other host out
 
 
 def test_patch_that_does_not_apply_switches_nothing(hosts: Hosts, tmp_path):
@@ -115,26 +123,51 @@ def test_patch_that_does_not_apply_switches_nothing(hosts: Hosts, tmp_path):
     hunk = text.index("\n@@ ")  # a context line of the first hunk (not the diffstat above it)
     first_context = next(line for line in text[hunk:].splitlines()[2:] if line.startswith(" ") and line.strip())
     patch.write_text(text[:hunk] + text[hunk:].replace(first_context, first_context + "  # not in SGLang", 1))
-    result = hosts.play("deploy.yml", limit=H1, extra={"ddtree_sglang_version": NEW, "ddtree_patches_dir": str(broken)})
+    result = hosts.play("deploy.yml", limit=H1, extra={**hosts.source(NEW), "ddtree_patches_dir": str(broken)})
     assert result.rc != 0
     assert "Apply the patch set" in result.output and "0002-" in result.output
     assert "nothing was switched" in result.output
     after = hosts.state(H1)
     assert after["current"] == before["current"] and after["pids"] == before["pids"]
     assert after["releases"] == before["releases"] and sorted(after["venvs"]) == sorted(before["venvs"])
-    assert after["info"]["version"] == NEW and after["health"] == 200
+    assert after["info"]["version"] == hosts.version(NEW) and after["health"] == 200
+
+
+def _refused_before_switch(hosts: Hosts, extra: dict) -> str:
+    before = hosts.state(H1)
+    result = hosts.play("deploy.yml", limit=H1, extra=extra)
+    assert result.rc != 0
+    text = " ".join(result.output.split())
+    assert "parse the unit's server arguments" in text and "Nothing was switched" in text, result.output[-3000:]
+    after = hosts.state(H1)
+    assert after["current"] == before["current"] and after["pids"] == before["pids"]
+    assert after["releases"] == before["releases"] and after["health"] == 200
+    return text
+
+
+def test_release_without_ddtree_is_refused_by_its_own_sglang(hosts: Hosts):
+    """The PyPI case: 0.5.23 installs and patches, then its own parser refuses DDTree's flags."""
+    text = _refused_before_switch(hosts, {"ddtree_sglang_version": "0.5.23", "ddtree_sglang_git_url": "",
+                                          "ddtree_sglang_git_commit": ""})
+    assert "SGLang 0.5.23 refuses the arguments: unrecognized arguments: --speculative-ddtree-budget" in text
+
+
+def test_flag_the_ddtree_build_does_not_know_is_refused(hosts: Hosts):
+    text = _refused_before_switch(hosts, {**hosts.source(NEW), "ddtree_server_args_extra": ["--no-such-flag", "1"]})
+    assert f"SGLang {hosts.version(NEW)} refuses the arguments: unrecognized arguments: --no-such-flag 1" in text
 
 
 def test_health_never_ready_rolls_back(hosts: Hosts):
     before = hosts.state(H1)
     result = hosts.play("deploy.yml", limit=H1, extra={
-        "ddtree_sglang_version": NEW, "ddtree_health_timeout_s": 4,
+        **hosts.source(NEW), "ddtree_health_timeout_s": 4,
         "ddtree_env": {"STANDIN_WARMUP_S": "1", "STANDIN_NEVER_HEALTHY": "1"}})
     assert result.rc != 0
     assert "Wait for /health_generate" in result.output
     assert f"Release {before['current']} is serving again" in result.output
     after = hosts.state(H1)
-    assert after["current"] == before["current"] and after["health"] == 200 and after["info"]["version"] == NEW
+    assert after["current"] == before["current"] and after["health"] == 200
+    assert after["info"]["version"] == hosts.version(NEW)
     failed = [r for r, m in after["releases"].items() if m.get("failed")]
     assert len(failed) == 1 and failed[0] not in before["releases"]
     assert "verified" not in after["releases"][failed[0]]
@@ -143,11 +176,11 @@ def test_health_never_ready_rolls_back(hosts: Hosts):
 def test_smoke_failure_rolls_back(hosts: Hosts):
     before = hosts.state(H1)
     result = hosts.play("deploy.yml", limit=H1, extra={
-        "ddtree_sglang_version": NEW, "ddtree_env": {"STANDIN_WARMUP_S": "1", "STANDIN_ACCEPT_LENGTH": "1"}})
+        **hosts.source(NEW), "ddtree_env": {"STANDIN_WARMUP_S": "1", "STANDIN_ACCEPT_LENGTH": "1"}})
     assert result.rc != 0
     assert "Smoke-test the endpoint" in result.output and "accept" in result.output
     after = hosts.state(H1)
-    assert after["current"] == before["current"] and after["info"]["version"] == NEW
+    assert after["current"] == before["current"] and after["info"]["version"] == hosts.version(NEW)
     assert after["pids"] != before["pids"], "the previous release was restarted"
     assert sum(1 for m in after["releases"].values() if m.get("failed")) == 2
 
@@ -174,7 +207,7 @@ def test_rollback_picks_the_newest_verified_release_and_skips_failed(hosts: Host
 def test_rolling_deploy_stops_at_the_first_failing_host(hosts: Hosts):
     before = {h: hosts.state(h) for h in (H1, H2)}
     result = hosts.play("deploy.yml", extra={
-        "ddtree_sglang_version": NEW, "ddtree_health_timeout_s": 3,
+        **hosts.source(NEW), "ddtree_health_timeout_s": 3,
         "ddtree_env": {"STANDIN_WARMUP_S": "1", "STANDIN_NEVER_HEALTHY": "1", "ROLL": "1"}})
     assert result.rc != 0
     assert result.recap[H1]["failed"] == 1
@@ -187,7 +220,7 @@ def test_rolling_deploy_stops_at_the_first_failing_host(hosts: Hosts):
 def test_pruning_keeps_current_and_previous_verified(hosts: Hosts):
     st = hosts.state(H2)
     r1 = st["current"]  # the OLD release, verified
-    keep = {"ddtree_sglang_version": NEW, "ddtree_releases_keep": 2}
+    keep = {**hosts.source(NEW), "ddtree_releases_keep": 2}
     assert hosts.play("deploy.yml", limit=H2, extra={**keep, "ddtree_ddtree_budget": 32}).rc == 0
     r2 = hosts.state(H2)["current"]
     failing = hosts.play("deploy.yml", limit=H2, extra={**keep, "ddtree_ddtree_budget": 16,
@@ -213,7 +246,7 @@ def test_pruning_keeps_current_and_previous_verified(hosts: Hosts):
     assert requests.get(f"http://{hosts[H2].address}:30000/server_info", timeout=5).status_code == 401
 
 
-# -- fabfile.py ----------------------------------------------------------------------------
+# -- remote.py ----------------------------------------------------------------------------
 
 @pytest.fixture
 def test_inventory(hosts: Hosts, monkeypatch):
@@ -223,9 +256,9 @@ def test_inventory(hosts: Hosts, monkeypatch):
 
 def test_status_reports_what_is_on_the_host(hosts: Hosts, test_inventory):
     state = hosts.state("ct-test-1")
-    conn, hv = fabfile.connect("ct-test-1", test_inventory)
+    conn, hv = remote.connect("ct-test-1", test_inventory)
     assert hv["ansible_host"] == "10.213.1.2" and hv["ansible_port"] in (2222, "2222")
-    report = fabfile.status_report(conn, hv)
+    report = remote.status_report(conn, hv)
     current = state["current"]
     assert f"current: {'releases/' + current if current else 'none'}" in report
     for rid, markers in state["releases"].items():
@@ -235,22 +268,31 @@ def test_status_reports_what_is_on_the_host(hosts: Hosts, test_inventory):
     assert "gpus: nvidia-smi not available" in report  # a test host has no GPU
 
 
+def test_fab_with_no_host_acts_on_the_local_test_host(hosts: Hosts, test_inventory):
+    """`make deploy` with no HOST deploys ct-test-1; `fab status` with no --host reports that same host."""
+    bindir = Path(sys.executable).parent
+    proc = subprocess.run([str(bindir / "fab"), "status"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"current: releases/{hosts.state(H1)['current']}" in proc.stdout
+
+
 def test_unknown_host_key_is_refused(hosts: Hosts, tmp_path, monkeypatch):
     # The same inventory, but a known_hosts without the test host's key (and no ~/.ssh either).
     shutil.copy(hosts.workdir / "id_ed25519", tmp_path / "id_ed25519")
     (tmp_path / "known_hosts").write_text("")
     monkeypatch.setenv("DDTREE_TESTHOST_DIR", str(tmp_path))
     monkeypatch.setenv("HOME", str(tmp_path))
-    conn, _ = fabfile.connect("ct-test-1", "inventory/test")
+    conn, _ = remote.connect("ct-test-1", "inventory/test")
     with pytest.raises(paramiko.SSHException, match="not found in known_hosts"):
         conn.run("true", hide=True, in_stream=False)
 
 
 def test_logs_and_tunnel(hosts: Hosts, test_inventory):
-    conn, hv = fabfile.connect("ct-test-1", test_inventory)
-    assert "stand-in SGLang" in fabfile.logs_text(conn, hv, 50)  # the server's own start-up line
+    conn, hv = remote.connect("ct-test-1", test_inventory)
+    assert "stand-in SGLang" in remote.logs_text(conn, hv, 50)  # the server's own start-up line
     port = _free_port()
-    with fabfile.open_tunnel(conn, hv, port) as url:
+    with remote.open_tunnel(conn, hv, port) as url:
         assert requests.get(f"{url}/health_generate", timeout=10).status_code == 200
 
 

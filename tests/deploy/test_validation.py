@@ -26,6 +26,13 @@ def _deploy(inventory: str, limit: str, extra: dict | None = None) -> subprocess
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
+def test_missing_test_host_source_is_named():
+    """make deploy with no HOST before the test host (and its DDTree repository) exists."""
+    proc = _deploy("inventory/test", "ct-test-1")
+    assert proc.returncode != 0
+    assert "not-made-yet:run-make-testhost" in proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize(("extra", "names"), [
     ({"ddtree_port": "not-a-port"}, ["ddtree_port"]),
     ({"ddtree_verify_kernel": "flashinfer"}, ["ddtree_verify_kernel", "ddtree, sglang"]),
@@ -37,7 +44,8 @@ def _deploy(inventory: str, limit: str, extra: dict | None = None) -> subprocess
     ({"ddtree_env": {"BAD NAME": "x"}}, ["ddtree_env"]),
 ])
 def test_bad_setting_fails_naming_the_variable(extra, names):
-    proc = _deploy("inventory/test", "ct-test-1", extra)
+    # No test host here, so no DDTree git repository either: a well-formed commit stands for it.
+    proc = _deploy("inventory/test", "ct-test-1", {"ddtree_sglang_git_commit": "a" * 40, **extra})
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "UNREACHABLE" not in out, "validation must fail before connecting"

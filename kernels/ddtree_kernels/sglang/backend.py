@@ -33,6 +33,19 @@ def _verify_mask_capacity(max_num_tokens: int, max_context_len: int, width: int)
     return max_num_tokens * (max_context_len + width)
 
 
+def verify_width(server_args) -> int:
+    """Draft tokens a request verifies at most: the DFlash block, or DDTree's budget + 1 if larger.
+
+    SGLang sizes its graph mask with speculative_num_draft_tokens (the DFlash block, e.g. 16),
+    but DDTree verifies budget + 1 tokens a request (65 at budget 64)."""
+    width = int(getattr(server_args, "speculative_num_draft_tokens", 0) or 0)
+    if str(getattr(server_args, "speculative_algorithm", "") or "").upper() == "DDTREE":
+        budget = getattr(server_args, "speculative_ddtree_budget", None)
+        if budget is not None:
+            width = max(width, int(budget) + 1)
+    return width
+
+
 def ddtree_backend_class(base: type) -> type:
     """Subclass `base` (SGLang's TritonAttnBackend) with the verify hook set to our kernel."""
     import torch
@@ -44,18 +57,18 @@ def ddtree_backend_class(base: type) -> type:
     class DDTreeTritonAttnBackend(base):  # name checked by the mask policy
         def __init__(self, model_runner, *args, **kwargs):
             super().__init__(model_runner, *args, **kwargs)
+            self.ddtree_verify_width = verify_width(model_runner.server_args)
             self.use_verify_splitkv = True
             self.use_verify_shared_kv = False  # 0.5.18+: prefer our hook over the chain-only kernel
             self.verify_splitkv_fwd = hook
 
         def init_cuda_graph_state(self, max_bs, max_num_tokens, *args, **kwargs):
             super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
-            # 0.5.14-0.5.17 size the captured mask as max_num_tokens * max_context_len; a tree
-            # verify at full context needs n more columns per row. (0.5.18+ keep it in a
-            # VerifyMask already sized n * (context + n) per request.)
+            # SGLang sizes the captured mask max_num_tokens * max_context_len (0.5.14-0.5.17 and the
+            # DDTree branches); a tree verify at full context needs its width more columns per row.
+            # (0.5.18+ releases keep it in a VerifyMask already sized n * (context + n) per request.)
             mask = getattr(self, "cuda_graph_custom_mask", None)
-            width = int(getattr(self, "num_draft_tokens", 0) or 0)
-            need = _verify_mask_capacity(max_num_tokens, int(self.max_context_len), width)
+            need = _verify_mask_capacity(max_num_tokens, int(self.max_context_len), self.ddtree_verify_width)
             if mask is not None and mask.numel() < need:
                 self.cuda_graph_custom_mask = mask.new_zeros(need)
 

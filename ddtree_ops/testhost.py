@@ -1,4 +1,4 @@
-"""Throwaway test hosts on this machine, for the deployment tests (no GPU server exists in CI).
+"""Throwaway local test hosts: what `make deploy` with no HOST and the deploy tests deploy to.
 
 Each host is a network namespace joined to this machine by a veth pair, with its own sshd
 (own host key, own port, key-only root login) running under `unshare --mount --uts`. Inside
@@ -10,9 +10,11 @@ systemd. Everything else (the Python installs, /usr) is this machine's, read as 
 Teardown kills only the processes inside the test's namespaces (by PID, `ip netns pids`),
 then deletes the namespaces and veth pairs, also when the test failed.
 
-Run `python -m tests.deploy.testhost up` / `down` to keep hosts around by hand (make deploy
-with no HOST does this); `down` also removes the hosts of a test run that was killed before its
-teardown: every `ddt-host<i>` namespace, so a test run still going loses its hosts too.
+Run `ddtree-ops testhost up` / `down` to keep hosts around by hand (make deploy with no HOST
+does this); `down` also removes the hosts of a test run that was killed before its teardown:
+every `ddt-host<i>` namespace, so a test run still going loses its hosts too. The host runs the
+stand-ins of tests/endpoint/ (SGLang's HTTP server, the GPU stack for the launch check), packaged
+by build_standin_wheel from this checkout: they stay under tests/, as every stand-in does.
 """
 
 from __future__ import annotations
@@ -121,6 +123,35 @@ def _wait_port(host: TestHost, timeout: float = 20.0) -> None:
                        f"see {host.netns} with `ip netns exec {host.netns} ss -ltnp`")
 
 
+def make_git_sources(workdir: Path) -> dict[str, str]:
+    """The DDTree branch the test hosts install, as a git repository reached by file:// URL.
+
+    workdir/sglang-git/ddtree-v2 is the ddtree-v2 snapshot (../shared/sglang-src) as one commit,
+    plus a branch `next` one commit later (a changed comment), so a deploy can move from one DDTree
+    commit to another as an operator's new pin does. Each commit is in <name>.commit beside it.
+    (The older `ddtree` snapshot cannot be built here: its Rust extension has no opt-out and needs
+    crates.io.)"""
+    from .ddtree_sources import git_checkout, load_sources, run_git
+
+    source = next(s for s in load_sources() if s.name == "ddtree-v2")
+    snapshot = source.snapshot_path()
+    if snapshot is None:
+        raise RuntimeError(f"no {source.snapshot} found: the test hosts install it (set DDTREE_SGLANG_SNAPSHOTS "
+                           "to the folder holding it; it ships in ../shared/sglang-src)")
+    repo = workdir / "sglang-git" / "ddtree-v2"
+    commits = {"ddtree-v2": git_checkout(snapshot, repo)}
+    if not run_git(repo, "branch", "--list", "next"):
+        run_git(repo, "checkout", "-q", "-b", "next")
+        readme = repo / "python" / "sglang" / "README.md"
+        readme.write_text(readme.read_text() + "\n<!-- ddtree-v2-next: the test hosts' second DDTree commit -->\n")
+        run_git(repo, "commit", "-q", "-am", "next commit")
+        run_git(repo, "checkout", "-q", "main")
+    commits["ddtree-v2-next"] = run_git(repo, "rev-parse", "next")
+    for name, commit in commits.items():
+        (workdir / "sglang-git" / f"{name}.commit").write_text(commit + "\n")
+    return commits
+
+
 def up(workdir: Path, count: int = 2, prefix: str = "ddt") -> list[TestHost]:
     """Create `count` hosts (ct-test-1 …), write their keys and known_hosts under workdir, return them."""
     _require_tools()
@@ -137,7 +168,7 @@ def up(workdir: Path, count: int = 2, prefix: str = "ddt") -> list[TestHost]:
             netns, veth = f"{prefix}-host{i}", f"{prefix}v{i}"
             if netns in _namespaces():
                 raise RuntimeError(f"network namespace {netns} already exists: another test run holds it, "
-                                   f"or a killed one left it (remove with `python -m tests.deploy.testhost down`)")
+                                   f"or a killed one left it (remove with `ddtree-ops testhost down`)")
             address = f"{SUBNET}.{i}.2"
             _run(["ip", "netns", "add", netns])
             _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns])
@@ -166,14 +197,18 @@ def up(workdir: Path, count: int = 2, prefix: str = "ddt") -> list[TestHost]:
 
 
 def build_standin_wheel(workdir: Path) -> Path:
-    """Package tests/endpoint/standin_server.py as `sglang_standin`, the server the test hosts run."""
-    src = Path(__file__).resolve().parent.parent / "endpoint" / "standin_server.py"
+    """Package tests/endpoint's stand-ins for the test hosts: `sglang_standin` (the server they run) and
+    `sglang_standin_gpu_stack` (what the launch-argument check preloads in place of torch and friends)."""
+    endpoint = Path(__file__).resolve().parents[1] / "tests" / "endpoint"
+    if not endpoint.is_dir():
+        raise RuntimeError(f"no stand-ins at {endpoint}: test hosts are made from a checkout of the repository")
     out = workdir / "wheels"
     wheel = out / "sglang_standin-0.1.0-py3-none-any.whl"
     proj = workdir / "standin-src"
     shutil.rmtree(proj, ignore_errors=True)
     proj.mkdir(parents=True)
-    shutil.copy(src, proj / "sglang_standin.py")
+    shutil.copy(endpoint / "standin_server.py", proj / "sglang_standin.py")
+    shutil.copy(endpoint / "standin_gpu_stack.py", proj / "sglang_standin_gpu_stack.py")
     (proj / "pyproject.toml").write_text(textwrap.dedent("""\
         [build-system]
         requires = ["setuptools>=68"]
@@ -184,7 +219,7 @@ def build_standin_wheel(workdir: Path) -> Path:
         description = "stand-in SGLang server for the deployment test hosts (tests only)"
         requires-python = ">=3.10"
         [tool.setuptools]
-        py-modules = ["sglang_standin"]
+        py-modules = ["sglang_standin", "sglang_standin_gpu_stack"]
     """))
     wheel.unlink(missing_ok=True)
     _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
@@ -240,12 +275,14 @@ def on_host(host: TestHost, command: str, check: bool = True) -> subprocess.Comp
     return subprocess.run([*host.exec_prefix, "sh", "-c", command], capture_output=True, text=True, check=check)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.deploy.testhost", description=__doc__.split("\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("action", choices=["up", "down"])
     ap.add_argument("--dir", default=".cache/testhosts", help="keys, known_hosts and state (default .cache/testhosts)")
     ap.add_argument("--count", type=int, default=1)
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`ddtree-ops testhost up|down`."""
     workdir = Path(args.dir).resolve()
     if args.action == "down":
         down(workdir)
@@ -256,10 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     if load(workdir):
         down(workdir)
     build_standin_wheel(workdir)
+    make_git_sources(workdir)
     for h in up(workdir, args.count):
         print(f"{h.name}: root@{h.address} port {SSH_PORT} (netns {h.netns}), key {workdir}/id_ed25519")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

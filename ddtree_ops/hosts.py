@@ -1,0 +1,146 @@
+"""Read-only operations on a deployed host over SSH (Fabric): status, logs, an endpoint tunnel.
+
+Ansible stays the only thing that changes a host. Hosts and how to reach them come from the
+Ansible inventory (one list of hosts), read through Ansible itself; host keys are checked against
+~/.ssh/known_hosts and the inventory's UserKnownHostsFile, and an unknown host is refused. The
+root fabfile.py exposes these as `fab status|logs|tunnel`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import paramiko
+from fabric import Connection
+
+REPO = Path(__file__).resolve().parent
+DEFAULT_INVENTORY = "inventory/production/hosts.yml"
+TEST_INVENTORY = "inventory/test"
+LOCAL_TEST_HOST = "ct-test-1"  # what `make deploy` with no HOST deploys to
+ROOT = "/srv/ddtree"
+SERVICE = "sglang-ddtree"
+
+
+HOST_KEYS = ["ansible_host", "ansible_user", "ansible_port", "ansible_ssh_private_key_file", "ansible_ssh_common_args",
+             "ddtree_root", "ddtree_service", "ddtree_port", "ddtree_bind_address"]
+
+
+def host_vars(host: str, inventory: str = DEFAULT_INVENTORY) -> dict:
+    """The inventory's variables for `host`, templated by Ansible itself (no connection is made)."""
+    exe = Path(sys.executable).parent / "ansible"
+    msg = "{{ {" + ", ".join(f"'{k}': {k} | default('')" for k in HOST_KEYS) + "} }}"
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
+    proc = subprocess.run([str(exe), "-i", inventory, host, "-m", "ansible.builtin.debug", "-a", f"msg={msg}"],
+                          cwd=REPO, capture_output=True, text=True, env=env)
+    try:  # minimal callback: "HOST | SUCCESS => {json}"
+        result = json.loads(proc.stdout.split("=>", 1)[1])["msg"]
+    except (ValueError, KeyError, IndexError):
+        raise SystemExit(f"host {host!r} is not in {inventory} (or its variables do not resolve): "
+                         f"{(proc.stderr or proc.stdout).strip()[-400:]}") from None
+    return {k: v for k, v in result.items() if v != ""}
+
+
+def connect(host: str, inventory: str = DEFAULT_INVENTORY) -> tuple[Connection, dict]:
+    hv = host_vars(host, inventory)
+    address = hv.get("ansible_host", host)
+    if "CHANGE-ME" in str(address) or "CHANGE-ME" in str(hv.get("ansible_user", "")):
+        raise SystemExit(f"{host}: fill in ansible_host and ansible_user in {inventory} first")
+    kwargs = {}
+    key = hv.get("ansible_ssh_private_key_file")
+    if key and "{{" not in key:
+        kwargs["key_filename"] = key
+    conn = Connection(address, user=hv.get("ansible_user"), port=int(hv.get("ansible_port", 22)), connect_kwargs=kwargs)
+    # Fabric accepts unknown host keys by default; this repository never does.
+    conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    conn.client.load_system_host_keys()
+    m = re.search(r"UserKnownHostsFile=(\S+)", str(hv.get("ansible_ssh_common_args", "")))
+    if m and Path(m.group(1)).exists():
+        conn.client.load_host_keys(m.group(1))
+    return conn, hv
+
+
+def _root(hv: dict) -> str:
+    return hv.get("ddtree_root", ROOT)
+
+
+def _service(hv: dict) -> str:
+    return hv.get("ddtree_service", SERVICE)
+
+
+def status_report(conn: Connection, hv: dict) -> str:
+    """Text of `fab status`: current release, markers of each release, service state, GPUs, server info."""
+    root = shlex.quote(_root(hv))
+    lines = []
+    quiet = {"hide": True, "warn": True, "in_stream": False}  # no stdin: fab runs in scripts and tests too
+    current = conn.run(f"readlink {root}/current || echo none", **quiet).stdout.strip()
+    lines.append(f"current: {current}")
+    listing = conn.run(f"cd {root}/releases 2>/dev/null && for r in *; do [ -d \"$r\" ] && "
+                       f"echo \"$r $(ls -A $r | grep -E '^\\.(complete|verified|failed)$' | tr -d . | tr '\\n' ' ')\"; "
+                       "done", hide=True, warn=True, in_stream=False).stdout.strip()
+    lines.append("releases:")
+    lines += [f"  {row}" for row in listing.splitlines()] or ["  none"]
+    active = conn.run(f"systemctl is-active {_service(hv)}", **quiet).stdout.strip() or "unknown"
+    lines.append(f"service {_service(hv)}: {active}")
+    gpus = conn.run("nvidia-smi --query-gpu=index,name,compute_cap,memory.used,utilization.gpu --format=csv,noheader",
+                    hide=True, warn=True, in_stream=False)
+    lines.append("gpus: " + (gpus.stdout.strip().replace("\n", "\n      ") if gpus.ok else "nvidia-smi not available"))
+    port = hv.get("ddtree_port", 30000)
+    address = hv.get("ddtree_bind_address", "127.0.0.1")
+    address = "127.0.0.1" if address in ("0.0.0.0", "::", "") else address
+    probe = ("import json, urllib.request; "
+             f"print(json.dumps(json.load(urllib.request.urlopen('http://{address}:{port}/server_info', timeout=5))))")
+    info = conn.run(f"python3 -c {shlex.quote(probe)}", hide=True, warn=True, in_stream=False)
+    if info.ok:
+        data = json.loads(info.stdout)
+        accept = (data.get("internal_states") or [{}])[0].get("avg_spec_accept_length")
+        lines.append(f"server: SGLang {data.get('version')}, {data.get('speculative_algorithm')}, "
+                     f"accept length {accept}")
+    else:
+        lines.append(f"server: no answer on {address}:{port}")
+    return "\n".join(lines)
+
+
+def target(host: str, inventory: str) -> tuple[str, str]:
+    """No host: the local test host, as `make deploy` with no HOST; a test host name: the test inventory."""
+    host = host or LOCAL_TEST_HOST
+    if host.startswith("ct-test-") and inventory == DEFAULT_INVENTORY:
+        inventory = TEST_INVENTORY
+    return host, inventory
+
+
+def logs_text(conn: Connection, hv: dict, lines: int = 200) -> str:
+    """journald where systemd runs; the file docker-systemctl-replacement writes elsewhere."""
+    svc = _service(hv)
+    cmd = (f"if [ -d /run/systemd/system ]; then journalctl -u {svc} -n {lines} --no-pager; "
+           f"else tail -n {lines} /var/log/journal/{svc}.service.log; fi")
+    return conn.run(cmd, hide=True, warn=True, in_stream=False).stdout
+
+
+@contextlib.contextmanager
+def open_tunnel(conn: Connection, hv: dict, local_port: int) -> Iterator[str]:
+    """Forward 127.0.0.1:local_port here to the endpoint's bind address and port on the host."""
+    address = hv.get("ddtree_bind_address", "127.0.0.1")
+    address = "127.0.0.1" if address in ("0.0.0.0", "::", "") else address
+    with conn.forward_local(local_port, remote_port=int(hv.get("ddtree_port", 30000)), remote_host=address):
+        # Fabric binds the local port in a thread of its own: wait until it listens.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", local_port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"the tunnel did not open 127.0.0.1:{local_port}") from None
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{local_port}"

@@ -1,0 +1,87 @@
+"""The patch tool and the release job on DDTree branches: the shared snapshots as git checkouts."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddtree_ops import patchtool
+from ddtree_ops.cli import main as cli
+from ddtree_ops.ddtree_sources import git_checkout, load_sources
+from ddtree_ops.release_job import check_ddtree_source, run_release_job
+from ddtree_ops.sglang_tree import locate
+
+from .conftest import tree_hashes
+
+SNAPSHOTS = [s for s in load_sources() if s.snapshot]
+PATCHED = {"python/sglang/srt/speculative/dflash_utils.py", "python/sglang/srt/layers/attention/attention_registry.py"}
+
+
+@pytest.fixture(scope="module", params=[s.name for s in SNAPSHOTS])
+def checkout(request, tmp_path_factory):
+    source = next(s for s in SNAPSHOTS if s.name == request.param)
+    if source.snapshot_path() is None:
+        pytest.fail(f"snapshot {source.snapshot} is missing from ../shared/sglang-src (set DDTREE_SGLANG_SNAPSHOTS)")
+    repo = tmp_path_factory.mktemp(source.name) / "sglang"
+    git_checkout(source.snapshot_path(), repo)
+    return repo
+
+
+def test_whole_series_with_no_version_flag_then_byte_identical_revert(checkout, capsys):
+    repo = checkout
+    tree = locate(repo)
+    assert tree.version is None and tree.layout == "git checkout"  # nothing to read a release from
+    before = tree_hashes(repo)
+
+    assert cli(["patch", "check", str(repo)]) == 0
+    assert "would apply — series ddtree-branches" in capsys.readouterr().out
+    report = patchtool.apply(repo)
+    assert report.outcome == "applied" and report.series == "ddtree-branches"
+    after = tree_hashes(repo)
+    assert {f for f in before if before[f] != after.get(f)} == PATCHED
+    assert patchtool.apply(repo).outcome == "already applied" and tree_hashes(repo) == after
+    assert patchtool.revert(repo).outcome == "reverted"
+    assert tree_hashes(repo) == before
+
+
+def test_the_series_can_be_named_from_the_inventory(checkout):
+    repo = checkout
+    assert patchtool.check(repo, series="sglang-0.5.14+").series == "sglang-0.5.14+"
+    with pytest.raises(LookupError, match="no series named 'nope'"):
+        patchtool.check(repo, series="nope")
+
+
+def test_unseen_ddtree_tree_with_a_moved_anchor_is_refused_naming_file_and_hunk(tmp_path):
+    repo = tmp_path / "sglang"
+    git_checkout(SNAPSHOTS[0].snapshot_path(), repo)
+    policy = repo / "python/sglang/srt/speculative/dflash_utils.py"
+    anchor = "    return backend_name, (backend_name not in _DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS)\n"
+    policy.write_text(policy.read_text().replace(anchor, "    return backend_name, backend_name not in SKIP\n"))
+    before = tree_hashes(repo)
+    with pytest.raises(patchtool.PatchError) as err:
+        patchtool.apply(repo)
+    message = str(err.value)
+    assert "anchors moved" in message
+    assert ("0001-dflash-tree-aware-verify-mask-policy.patch: sglang/srt/speculative/dflash_utils.py: hunk #1 @@"
+            in message)
+    assert tree_hashes(repo) == before  # all or nothing
+
+
+def test_release_job_rows_for_ddtree_sources(tmp_path):
+    rows = [check_ddtree_source(s) for s in load_sources()]
+    by_name = {r.version.split(" @ ")[0]: r for r in rows}
+    for source in SNAPSHOTS:
+        row = by_name[source.name]
+        assert row.version == f"{source.name} @ {source.commit[:8]} (snapshot)" and row.series == "ddtree-branches"
+        assert set(row.patches.values()) == {"applies"}, row.patches
+    v2 = by_name["ddtree-v2"]
+    assert v2.supported, (v2.failed_checks, v2.error)
+    # The older ddtree branch predates TritonAttnBackend's verify_splitkv_fwd hook: the patches apply,
+    # but nothing would call our kernel there, and the row says so.
+    old = by_name["ddtree"]
+    assert not old.supported and any("verify_splitkv_fwd" in f for f in old.failed_checks), old.failed_checks
+    unfetched = [r for s, r in zip(load_sources(), rows, strict=True) if not s.snapshot]
+    assert all("--fetch-git" in r.error and not r.supported for r in unfetched)  # no network: a row, not a crash
+    matrix = run_release_job(["0.5.23"], out=tmp_path, ddtree_sources=SNAPSHOTS[:1])
+    assert f"| {SNAPSHOTS[0].name} @ {SNAPSHOTS[0].commit[:8]} (snapshot) | ddtree-branches | applies | applies |" \
+        in (tmp_path / "matrix.md").read_text()
+    assert matrix.supported_all()
