@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 PYTEST_ARGS ?=
 
-.PHONY: help setup test test-gpu lint fit wheel clean bench-kernels sglang-wheel release-job smoke-test bench \
+.PHONY: help setup test test-gpu test-sglang-gpu lint fit wheel clean bench-kernels sglang-wheel release-job smoke-test bench \
 	deploy check rollback testhost testhost-down
 
 help:  ## list the targets
@@ -39,6 +39,14 @@ test: setup lint  ## lint + every test that runs without a GPU (pytest exit 5, n
 GPU_PYTHON ?= python3
 test-gpu:  ## on a CUDA machine's own python (torch + triton): every kernel test, realistic sizes included
 	PYTHONPATH=kernels $(GPU_PYTHON) -m pytest tests/kernels -v -p no:cacheprovider $(PYTEST_ARGS)
+
+# SGLang's real DDTree verify path around our kernel (tests/sglang_gpu; tests/README.md lists the
+# pure-Python wheels it needs beside the GPU machine's torch). The ddtree-v2 snapshot is read from
+# ../shared/sglang-src, or DDTREE_SGLANG_PYTHON names an already patched python/ folder.
+SGLANG_SNAPSHOTS ?= $(firstword $(wildcard ../shared/sglang-src) .cache/sglang-src)
+test-sglang-gpu:  ## on a CUDA machine: SGLang's own DDTree backend, pools and CUDA graphs around our kernel
+	DDTREE_SGLANG_SNAPSHOTS=$(SGLANG_SNAPSHOTS) PYTHONPATH="kernels:.:$$PYTHONPATH" $(GPU_PYTHON) -m pytest tests/sglang_gpu \
+	  -v -p no:cacheprovider $(PYTEST_ARGS)
 
 SGLANG_VERSION ?= 0.5.23
 SGLANG_WHEEL ?= $(firstword $(wildcard .cache/wheels/sglang-$(SGLANG_VERSION)-*.whl))

@@ -23,7 +23,7 @@ from pathlib import Path
 import paramiko
 from fabric import Connection
 
-REPO = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[1]  # the checkout: ansible.cfg and inventory/ are read from it
 DEFAULT_INVENTORY = "inventory/production/hosts.yml"
 TEST_INVENTORY = "inventory/test"
 LOCAL_TEST_HOST = "ct-test-1"  # what `make deploy` with no HOST deploys to

@@ -8,6 +8,12 @@ switched. No list of flags is kept here.
 
     ddtree-ops launch-check [--preload MODULE] [--json] -- --model-path /models/GLM-5 ...
 
+When the model's config.json is on this host (`--model-path` a folder), the check also asks
+SGLang's own `is_deepseek_dsa` whether the model is a DSA model (GLM-5, DeepSeek-V3.2 with
+`index_topk`): SGLang gives those the DSA KV pool, which asserts page size 64 on CUDA, and the DSA
+attention backend, while DDTree verify needs `--page-size 1` and `--attention-backend triton`; such
+a DDTree launch is refused with the way out (inventory/README.md, "GLM-5").
+
 `--preload` imports a module first: the test hosts, which have no GPU stack, preload stand-ins
 for torch and friends (tests/endpoint/standin_gpu_stack.py); production imports everything real.
 """
@@ -15,11 +21,14 @@ for torch and friends (tests/endpoint/standin_gpu_stack.py); production imports 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import importlib
 import io
 import json
+import types
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -70,4 +79,35 @@ def check_launch_args(argv: list[str], preload: str | None = None) -> LaunchChec
         except ValueError as exc:
             return LaunchCheck(False, version, f"SGLang {version} refuses --speculative-algorithm {algorithm}: {exc}",
                                algorithm)
+    if algorithm and algorithm.upper() == "DDTREE" and (problem := _dsa_problem(args, version)):
+        return LaunchCheck(False, version, problem, algorithm)
     return LaunchCheck(True, version, algorithm=algorithm or "")
+
+
+def _is_deepseek_dsa():
+    """The installed SGLang's `is_deepseek_dsa`, run from its source: importing model_config itself pulls in
+    the whole quantisation stack, which a host without the GPU stack cannot import."""
+    import sglang
+
+    from .patched_checks import extract
+
+    source = Path(sglang.__file__).parent / "srt" / "configs" / "model_config.py"
+    tree = ast.parse(source.read_text())
+    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    helpers = [name for name in ("_hf_arch", "_hf_attr") if name in defined]  # newer releases read dicts too
+    return extract(source, ["is_deepseek_dsa", *helpers], {})["is_deepseek_dsa"]
+
+
+def _dsa_problem(args: argparse.Namespace, version: str) -> str:
+    """Why a DDTree server cannot run this model as configured, if SGLang says it is a DSA model."""
+    config_file = Path(getattr(args, "model_path", "") or "") / "config.json"
+    if not config_file.is_file():
+        return ""  # a hub id or a path only the server sees: nothing to read here
+    config = json.loads(config_file.read_text())
+    if not _is_deepseek_dsa()(types.SimpleNamespace(**config)):
+        return ""
+    arch = (config.get("architectures") or ["?"])[0]
+    return (f"{arch} at {config_file.parent} has index_topk={config.get('index_topk')}, so SGLang {version} runs it "
+            "as a DSA model: a DSATokenToKVPool that needs page size 64 on CUDA and the dsa attention backend, while "
+            "DDTree verify needs --page-size 1 and --attention-backend triton. Serve it as dense MLA instead: point "
+            "the model path at a folder whose config.json has no index_topk (inventory/README.md, 'GLM-5')")

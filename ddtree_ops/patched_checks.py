@@ -20,6 +20,8 @@ from pathlib import Path
 
 from .sglang_tree import SglangTree
 
+_LAZY_ANNOTATIONS = __import__("__future__").annotations.compiler_flag
+
 DFLASH_UTILS = "srt/speculative/dflash_utils.py"
 REGISTRY = "srt/layers/attention/attention_registry.py"
 TRITON_BACKEND = "srt/layers/attention/triton_backend.py"
@@ -50,7 +52,11 @@ def extract(path: Path, names: list[str], namespace: dict) -> dict:
     missing = set(names) - found
     if missing:
         raise LookupError(f"{path}: no top-level {', '.join(sorted(missing))}")
-    exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), namespace)
+    # Annotations stay strings (as under the module's own `from __future__ import annotations`), so
+    # the names they use need not be in `namespace`.
+    code = compile(ast.Module(body=body, type_ignores=[]), str(path), "exec", flags=_LAZY_ANNOTATIONS,
+                   dont_inherit=True)
+    exec(code, namespace)
     return namespace
 
 

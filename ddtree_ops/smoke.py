@@ -7,7 +7,10 @@ Checks, in order: /health_generate answers 200; the model is listed; a determini
 ends with [DONE]; a long prompt and a long output both complete (the first requests of a new
 server may compile kernels); the speculative acceptance length is above the floor (per request
 via return_spec_tokens_details, else /server_info or /get_server_info), since a broken drafter
-changes no output, only speed. Exit 1 with one line per failed check.
+changes no output, only speed; with --verify-stats DIR, that TARGET_VERIFY reached our kernel
+at least once (the per-process counts ddtree_kernels writes there; a release whose verify always
+falls back to SGLang's slow path fails, naming SGLang's reasons). Exit 1 with one line per failed
+check.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from .endpoint import Endpoint, EndpointError
 
@@ -65,6 +69,21 @@ def _usage_consistent(usage: dict | None, max_tokens: int, where: str) -> dict:
     return usage
 
 
+def read_verify_stats(folder: str | Path) -> dict:
+    """The sum of the `verify-<pid>.json` counts ddtree_kernels wrote in `folder` (sglang/verify_stats.py)."""
+    total = {"files": 0, "served": 0, "declined": {}}
+    for path in sorted(Path(folder).glob("verify-*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # a file being replaced, or not ours
+        total["files"] += 1
+        total["served"] += int(data.get("served", 0))
+        for reason, count in (data.get("declined") or {}).items():
+            total["declined"][reason] = total["declined"].get(reason, 0) + int(count)
+    return total
+
+
 def wait_healthy(ep: Endpoint, wait_s: float, poll_s: float = 2.0) -> tuple[int | None, str]:
     """Poll /health_generate until 200 or `wait_s` passes; (last status, last error)."""
     deadline = time.monotonic() + wait_s
@@ -80,7 +99,7 @@ def wait_healthy(ep: Endpoint, wait_s: float, poll_s: float = 2.0) -> tuple[int 
 
 
 def run_smoke(ep: Endpoint, *, model: str | None = None, min_accept_length: float | None = None,
-              wait_s: float = 0.0) -> SmokeReport:
+              wait_s: float = 0.0, verify_stats: str | Path | None = None) -> SmokeReport:
     report = SmokeReport(ep.url, model)
     state: dict = {}
 
@@ -160,6 +179,14 @@ def run_smoke(ep: Endpoint, *, model: str | None = None, min_accept_length: floa
         _expect(length >= min_accept_length, f"acceptance length {length:.2f} ({source}) is below the floor "
                                              f"{min_accept_length:.2f}: the drafter is not helping")
 
+    def verify_served():
+        stats = read_verify_stats(verify_stats)
+        _expect(stats["files"] > 0, f"no verify statistics in {verify_stats}: the server wrote none (is "
+                                    "DDTREE_VERIFY_STATS_DIR set there, and ddtree_kernels' verify hook patched in?)")
+        declined = "; ".join(f"{reason} ({n}x)" for reason, n in sorted(stats["declined"].items()))
+        _expect(stats["served"] > 0, f"TARGET_VERIFY never reached ddtree_kernels: every call fell back to SGLang's "
+                                     f"extend_attention_fwd ({declined or 'no call recorded'})")
+
     check("health_generate answers 200", health)
     if report.checks[-1].ok:
         check("model listed", listed)
@@ -169,6 +196,8 @@ def run_smoke(ep: Endpoint, *, model: str | None = None, min_accept_length: floa
         check("long output completes", long_output)
         if min_accept_length is not None:
             check(f"speculative acceptance length >= {min_accept_length}", acceptance)
+        if verify_stats is not None:
+            check("TARGET_VERIFY served by ddtree_kernels", verify_served)
     return report
 
 

@@ -3,7 +3,8 @@
 SGLang (0.5.14+) calls the hook for TARGET_VERIFY with the positional arguments of
 `extend_attention_fwd` and falls back to `extend_attention_fwd` when it returns
 False. We return False, before writing anything, for every input we do not
-serve; `unsupported_reason` says which one and why.
+serve; `unsupported_reason` says which one and why, and sglang/verify_stats.py logs
+it (once a shape) and counts it, so a fallback is never silent.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .launcher import cache_layout, interpreting, plan_verify, run_verify, shared_workspace
+from .sglang.verify_stats import STATS
 from .tree import MASK_CHAIN, MASK_FULL, MASK_SGLANG_FLAT
 
 _COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
@@ -80,6 +82,13 @@ def unsupported_reason(
     return None
 
 
+def _shape_key(q_extend, o_extend, k_buffer, custom_mask) -> tuple:
+    """What a decision depends on, for logging it once: heads, head dims, dtypes, mask or not."""
+    heads = q_extend.shape[1] if q_extend.dim() == 3 else -1
+    return (heads, q_extend.shape[-1], o_extend.shape[-1], str(q_extend.dtype).removeprefix("torch."),
+            str(k_buffer.dtype).removeprefix("torch."), custom_mask is not None)
+
+
 def sglang_verify_fwd(
     q_extend: torch.Tensor,
     k_extend: torch.Tensor,
@@ -113,6 +122,7 @@ def sglang_verify_fwd(
         logit_cap=logit_cap, sliding_window_size=sliding_window_size, sinks=sinks,
         window_kv_offsets=window_kv_offsets, xai_temperature_len=xai_temperature_len, **kwargs,
     )
+    STATS.record(reason, _shape_key(q_extend, o_extend, k_buffer, custom_mask))
     if reason is not None:
         return False
     T, H, d_qk = q_extend.shape

@@ -88,6 +88,7 @@ def test_smoke_playbook_runs_the_release_smoke_test_on_the_host(hosts: Hosts):
     assert result.rc == 0, result.output[-3000:]
     text = " ".join(result.output.split())  # the debug output wraps long lines
     assert "PASS speculative acceptance length >= 1.5" in text
+    assert "PASS TARGET_VERIFY served by ddtree_kernels" in text
     assert "all checks passed, acceptance length 4.00" in text
 
 
@@ -223,9 +224,11 @@ def test_pruning_keeps_current_and_previous_verified(hosts: Hosts):
     keep = {**hosts.source(NEW), "ddtree_releases_keep": 2}
     assert hosts.play("deploy.yml", limit=H2, extra={**keep, "ddtree_ddtree_budget": 32}).rc == 0
     r2 = hosts.state(H2)["current"]
-    failing = hosts.play("deploy.yml", limit=H2, extra={**keep, "ddtree_ddtree_budget": 16,
-                                                         "ddtree_env": {"STANDIN_ACCEPT_LENGTH": "1"}})
+    # the server answers, but every TARGET_VERIFY fell back to SGLang's slow path: not verified
+    failing = hosts.play("deploy.yml", limit=H2, extra={
+        **keep, "ddtree_ddtree_budget": 16, "ddtree_env": {"STANDIN_VERIFY": "declined:sliding-window attention"}})
     assert failing.rc != 0
+    assert "never reached ddtree_kernels" in failing.output and "sliding-window attention" in failing.output
     st = hosts.state(H2)
     r3 = next(r for r, m in st["releases"].items() if m.get("failed"))
     assert set(st["releases"]) == {r1, r2, r3}  # a failed deploy prunes nothing

@@ -22,9 +22,11 @@ import os
 import sys
 import types
 
-# The GPU stack: what the test hosts do not install. Versions are what SGLang's import-time checks compare.
+# The GPU stack: what the test hosts do not install (and sgl_kernel, SGLang's compiled CUDA ops, which
+# the GPU test machine has no build of). Versions are what SGLang's import-time checks compare.
 STOOD_IN = {"torch": "2.11.0", "triton": "3.6.0", "torchvision": "0.26.0", "torchaudio": "2.11.0",
-            "transformers": "5.12.1", "huggingface_hub": "1.0.0", "safetensors": "0.6.0", "tokenizers": "0.22.0"}
+            "transformers": "5.12.1", "huggingface_hub": "1.0.0", "safetensors": "0.6.0", "tokenizers": "0.22.0",
+            "compressed_tensors": "0.12.0", "sgl_kernel": "0.4.3"}
 # Attributes SGLang probes with hasattr() to detect other accelerators: absent, as on a CUDA build.
 ABSENT_ATTRIBUTES = {"npu", "xpu", "musa", "hpu", "mlu", "mps"}
 # Lookups that must fail as they do on a machine without a GPU.
@@ -127,8 +129,11 @@ class _StandInModule(types.ModuleType):
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+
     def find_spec(self, fullname, path, target=None):
-        if fullname.split(".")[0] not in STOOD_IN:
+        if fullname.split(".")[0] not in self.names:
             return None
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 
@@ -142,11 +147,21 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-def install() -> None:
-    """Put the stand-ins first on the import path (once) and select SGLang's CPU platform."""
+def install(names: set[str] | None = None) -> None:
+    """Put the stand-ins first on the import path (once) and select SGLang's CPU platform.
+
+    `names` (default: $STANDIN_GPU_STACK, comma-separated, else all of STOOD_IN) picks which packages
+    are stood in, e.g. only torchvision where the rest of the stack is real."""
+    if names is None:
+        chosen = os.environ.get("STANDIN_GPU_STACK", "")
+        names = {n.strip() for n in chosen.split(",") if n.strip()} or set(STOOD_IN)
+    unknown = names - set(STOOD_IN)
+    if unknown:
+        raise ValueError(f"no stand-in for {sorted(unknown)}: choose from {sorted(STOOD_IN)}")
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
-    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+        sys.meta_path.insert(0, _Finder(names))
+    if "torch" in names:
+        os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 
 install()

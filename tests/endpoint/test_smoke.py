@@ -83,3 +83,31 @@ def test_api_key_is_sent_and_required(standin):
     assert run_smoke(Endpoint(url, "s3cret", timeout=10), min_accept_length=1.5).ok
     refused = run_smoke(Endpoint(url, None, timeout=10), min_accept_length=1.5)
     assert not refused.ok and "401" in " ".join(failed(refused).values()), failed(refused)
+
+
+def _stats(folder, served: int, declined: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "verify-101.json").write_text(json.dumps({"pid": 101, "served": served, "declined": declined,
+                                                         "shapes": [], "updated": 0.0}))
+
+
+@pytest.mark.parametrize(
+    "served, declined, reason",
+    [
+        (None, None, "no verify statistics"),
+        (0, {"sliding-window attention": 12}, "never reached ddtree_kernels: every call fell back"),
+    ],
+    ids=["no-statistics", "all-declined"],
+)
+def test_verify_that_never_reached_the_kernel_fails(standin, tmp_path, served, declined, reason):
+    if served is not None:
+        _stats(tmp_path, served, declined)
+    report = run_smoke(Endpoint(standin(), timeout=10), verify_stats=tmp_path)
+    check = failed(report)["TARGET_VERIFY served by ddtree_kernels"]
+    assert reason in check and (declined is None or "sliding-window attention (12x)" in check)
+
+
+def test_verify_served_passes(standin, tmp_path):
+    _stats(tmp_path, 78, {"attention sinks": 2})  # some fallbacks, but the kernel serves the verify
+    report = run_smoke(Endpoint(standin(), timeout=10), verify_stats=tmp_path)
+    assert report.ok and report.checks[-1].name == "TARGET_VERIFY served by ddtree_kernels"

@@ -1,0 +1,207 @@
+"""SGLang's real DDTree verify path (ddtree-v2 branch, patched by our tool) serves TARGET_VERIFY
+through ddtree_kernels, eagerly and through the backend's own CUDA-graph methods, and agrees with
+SGLang's own kernel (DDTREE_VERIFY_KERNEL=sglang) and the float64 reference. harness.py says what
+is real and what is stood in.
+
+    make test-sglang-gpu          # on the GPU machine (tests/README.md: the wheels it needs)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree_kernels import sglang_adapter
+from ddtree_kernels.reference import tree_verify_reference
+from ddtree_kernels.sglang.verify_stats import VerifyStats
+
+from .harness import MAX_BS, PARALLEL, Layout, ddtree_verify_input, import_sglang, make_backend, runner, sglang_source
+
+pytestmark = pytest.mark.gpu
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SCALE = 1 / 16  # GLM-5: 1 / sqrt(192 + 64)
+FP8 = torch.float8_e4m3fn
+
+
+@pytest.fixture(scope="module")
+def sg(tmp_path_factory):
+    modules = import_sglang(sglang_source(tmp_path_factory.mktemp("sglang")))
+    with modules.get_parallel().override(**PARALLEL):
+        yield modules
+
+
+@pytest.fixture
+def stats(monkeypatch):
+    fresh = VerifyStats()
+    monkeypatch.setattr(sglang_adapter, "STATS", fresh)
+    return fresh
+
+
+class Verify:
+    """One TARGET_VERIFY of `bs` requests over random prefixes at random slots of the real pool."""
+
+    def __init__(self, sg, run, layout: Layout, prefix_lens: list[int], n: int, seed: int, mask: bool = True):
+        gen = torch.Generator().manual_seed(seed)
+        self.sg, self.run, self.layout, self.n = sg, run, layout, n
+        bs, T, H = len(prefix_lens), len(prefix_lens) * n, layout.heads
+        slots = torch.randperm(layout.pool_tokens - 1, generator=gen)[: sum(prefix_lens) + T] + 1  # slot 0: padding
+        pool = run.token_to_kv_pool
+        rows = torch.randn(sum(prefix_lens), 1, 576, generator=gen)
+        pool.set_kv_buffer(_layer(sg, H), slots[: sum(prefix_lens)].to(DEVICE), rows[..., :576].to(DEVICE),
+                           rows[..., :512].to(DEVICE))
+        self.req_pool_indices = torch.arange(bs, dtype=torch.int64, device=DEVICE)
+        start = 0
+        for b, p in enumerate(prefix_lens):
+            run.req_to_token_pool.req_to_token[b, :p] = slots[start:start + p].to(DEVICE, torch.int32)
+            start += p
+        self.out_cache_loc = slots[sum(prefix_lens):].to(DEVICE)
+        self.seq_lens = torch.tensor(prefix_lens, dtype=torch.int64, device=DEVICE)
+        self.prefix_lens = prefix_lens
+        self.q = torch.randn(T, H, 576, generator=gen).to(DEVICE, torch.bfloat16)
+        self.k = torch.randn(T, 1, 576, generator=gen).to(DEVICE, torch.bfloat16)
+        self.v = self.k[..., :512]
+        if mask:
+            self.spec, vis = ddtree_verify_input(sg, prefix_lens, n, layout.budget, DEVICE, gen)
+            self.visibility = vis.reshape(T, n)
+        else:  # the drafter's forward: TARGET_VERIFY, no mask (ENCODER_ONLY attention)
+            self.spec = sg.DDTreeVerifyInput(draft_token=None, positions=None, draft_token_num=n,
+                                             tree_budget=layout.budget, custom_mask=None)
+            self.visibility = torch.ones(T, n, dtype=torch.bool)
+
+    def batch(self):
+        sg, bs = self.sg, len(self.prefix_lens)
+        return sg.ForwardBatch(forward_mode=sg.ForwardMode.TARGET_VERIFY, batch_size=bs,
+                               input_ids=torch.zeros(bs * self.n, dtype=torch.int64, device=DEVICE),
+                               req_pool_indices=self.req_pool_indices, seq_lens=self.seq_lens,
+                               out_cache_loc=self.out_cache_loc, seq_lens_sum=sum(self.prefix_lens),
+                               spec_info=self.spec, seq_lens_cpu=self.seq_lens.cpu())
+
+    def reference(self) -> torch.Tensor:
+        pool = self.run.token_to_kv_pool
+        kv_indptr = torch.tensor([0, *torch.tensor(self.prefix_lens).cumsum(0).tolist()])
+        kv_indices = torch.cat([self.run.req_to_token_pool.req_to_token[b, :p].cpu().long()
+                                for b, p in enumerate(self.prefix_lens)])
+        qo = torch.arange(0, len(self.prefix_lens) + 1) * self.n
+        k_cache = pool.get_key_buffer(0).float()
+        out, _ = tree_verify_reference(self.q.cpu(), k_cache.cpu(), k_cache[..., :512].cpu(), kv_indptr, kv_indices,
+                                       self.k.cpu(), self.v.cpu(), qo, self.visibility, SCALE)
+        return out
+
+
+def _layer(sg, heads: int, encoder_only: bool = False):
+    attn_type = sg.AttentionType.ENCODER_ONLY if encoder_only else sg.AttentionType.DECODER
+    return sg.RadixAttention(heads, 576, SCALE, 1, layer_id=0, v_head_dim=512, attn_type=attn_type)
+
+
+def _eager(backend, case: Verify, layer) -> torch.Tensor:
+    backend.init_forward_metadata(case.batch())
+    out = backend.forward_extend(case.q, case.k, case.v, layer, case.batch(), save_kv_cache=True)
+    return out.view(-1, case.layout.heads, 512).float().cpu()
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
+    err = (got.double() - want.double()).abs().max().item()
+    assert err <= tol, f"max abs error {err:.4f} > {tol}"
+
+
+def _close_to_sglang(ours: torch.Tensor, theirs: torch.Tensor, reference: torch.Tensor, tol: float,
+                     fp8: bool) -> None:
+    """Ours against SGLang's own kernel. With an fp8 cache SGLang's kernel is the less exact of the two
+    (0.059 from ours, measured on the H200), so there ours must be at least as close to the reference."""
+    # Under TRITON_INTERPRET (a CPU run while developing) SGLang's kernel takes bf16 tl.dot, which the
+    # interpreter computes wrongly; there only the float64 reference holds ours to account.
+    if DEVICE != "cuda":
+        return
+    if fp8:
+        def err(x):
+            return (x.double() - reference.double()).abs().max().item()
+
+        assert err(ours) <= err(theirs) + 1e-3, (err(ours), err(theirs))
+    else:
+        _close(ours, theirs, tol)
+
+
+def test_patched_registry_builds_our_backend(sg):
+    run = runner(sg, Layout(), DEVICE)
+    ours, theirs = make_backend(sg, run, "ddtree"), make_backend(sg, run, "sglang")
+    assert type(ours).__name__ == "DDTreeTritonAttnBackend" and isinstance(ours, sg.TritonAttnBackend)
+    assert ours.use_verify_splitkv and type(theirs) is sg.TritonAttnBackend and not theirs.use_verify_splitkv
+    assert ours.ddtree_verify_width == 16  # budget 8 + 1 is narrower than the DFlash block of 16
+
+
+CASES = {
+    "glm5-bf16-n9": (Layout(heads=8, budget=8), [700], 9),
+    "ragged-bs3-bf16": (Layout(heads=16, budget=8), [33, 1000, 257], 9),
+    "fp8-cache-n17": (Layout(heads=8, kv_dtype=FP8, budget=16), [900, 120], 17),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_eager_verify_is_served_by_our_kernel_and_matches(sg, stats, name):
+    layout, prefix_lens, n = CASES[name]
+    run = runner(sg, layout, DEVICE)
+    case = Verify(sg, run, layout, prefix_lens, n, seed=len(name))
+    layer = _layer(sg, layout.heads)
+    ours = _eager(make_backend(sg, run, "ddtree"), case, layer)
+    assert stats.served == 1 and stats.declined == {}, (stats.served, stats.declined)  # our kernel, no fallback
+    reference = case.reference()
+    _close(ours, reference, 2e-2)
+    theirs = _eager(make_backend(sg, run, "sglang"), case, layer)
+    assert stats.served == 1  # SGLang's own backend never calls the hook
+    _close_to_sglang(ours, theirs, reference, 2e-2, fp8=layout.kv_dtype == FP8)
+
+
+def test_drafter_call_shape_is_served(sg, stats):
+    """The DFlash drafter runs TARGET_VERIFY too: ENCODER_ONLY attention, no mask."""
+    layout = Layout(heads=8, budget=8)
+    run = runner(sg, layout, DEVICE)
+    case = Verify(sg, run, layout, [300, 40], 9, seed=7, mask=False)
+    layer = _layer(sg, layout.heads, encoder_only=True)
+    ours = _eager(make_backend(sg, run, "ddtree"), case, layer)
+    assert stats.served == 1 and stats.declined == {}
+    reference = case.reference()
+    _close(ours, reference, 2e-2)
+    _close_to_sglang(ours, _eager(make_backend(sg, run, "sglang"), case, layer), reference, 2e-2, fp8=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, FP8], ids=["bf16", "fp8"])
+def test_cuda_graph_capture_then_replay_new_trees_prefixes_and_slots(sg, stats, kv_dtype):
+    """The backend's own graph methods: state for MAX_BS requests of budget + 1 tokens, one capture, then
+    replays with new trees, prefix lengths and slots, the last one at the server's context length."""
+    layout = Layout(heads=8, kv_dtype=kv_dtype, budget=64, pool_tokens=40_000, context_len=16_384)
+    n = layout.budget + 1
+    run = runner(sg, layout, DEVICE)
+    backend = make_backend(sg, run, "ddtree")
+    backend.init_cuda_graph_state(MAX_BS, MAX_BS * n)
+    assert backend.ddtree_verify_width == n
+    layer = _layer(sg, layout.heads)
+
+    capture = Verify(sg, run, layout, [100, 200], n, seed=1)
+    q, k = capture.q.clone(), capture.k.clone()
+    v = k[..., :512]  # the values are the latent columns of the same rows, as in the model
+    fb = capture.batch()
+    backend.init_forward_metadata_out_graph(fb, in_capture=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up: compile outside the capture
+        backend.forward_extend(q, k, v, layer, fb, save_kv_cache=False)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = backend.forward_extend(q, k, v, layer, fb, save_kv_cache=False)
+    captured = stats.served
+
+    full = layout.context_len - n  # a request at the context length: prefix + its n draft tokens
+    for seed, prefix_lens in enumerate([[150, 90], [4000, 33], [full, 7]], start=2):
+        case = Verify(sg, run, layout, prefix_lens, n, seed=seed)
+        q.copy_(case.q)
+        k.copy_(case.k)
+        replay = case.batch()
+        backend.init_forward_metadata_out_graph(replay, in_capture=False)
+        graph.replay()
+        torch.cuda.synchronize()
+        got = out.view(-1, layout.heads, 512).float().cpu()
+        _close(got, case.reference(), 3e-2 if kv_dtype == FP8 else 2e-2)
+    assert captured >= 1 and stats.declined == {}
+    assert stats.served == captured  # replays run the captured kernels; the Python hook is not called again
