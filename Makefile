@@ -37,8 +37,10 @@ test: setup lint  ## lint + every test that runs without a GPU (pytest exit 5, n
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 GPU_PYTHON ?= python3
-test-gpu:  ## on a CUDA machine's own python (torch + triton): every kernel test, realistic sizes included
-	PYTHONPATH=kernels $(GPU_PYTHON) -m pytest tests/kernels -v -p no:cacheprovider $(PYTEST_ARGS)
+# EMULATE=sm120: the sm_120 kernel path on the GPU at hand (plans for capability 12.0, dots on mma.sync).
+EMULATE ?=
+test-gpu:  ## on a CUDA machine's own python (torch + triton): every kernel test, realistic sizes included [EMULATE=sm120]
+	DDTREE_EMULATE=$(EMULATE) PYTHONPATH=kernels $(GPU_PYTHON) -m pytest tests/kernels -v -p no:cacheprovider $(PYTEST_ARGS)
 
 # SGLang's real DDTree verify path around our kernel (tests/sglang_gpu; tests/README.md lists the
 # pure-Python wheels it needs beside the GPU machine's torch). The ddtree-v2 snapshot is read from
@@ -51,9 +53,10 @@ test-sglang-gpu:  ## on a CUDA machine: SGLang's own DDTree backend, pools and C
 SGLANG_VERSION ?= 0.5.23
 SGLANG_WHEEL ?= $(firstword $(wildcard .cache/wheels/sglang-$(SGLANG_VERSION)-*.whl))
 BENCH_OUT ?= bench-out
-bench-kernels:  ## on a CUDA machine: the side-by-side kernel benchmark (BENCHMARKS.md); SGLANG_WHEEL=path
+bench-kernels:  ## on a CUDA machine: the side-by-side kernel benchmark (BENCHMARKS.md); SGLANG_WHEEL=path [EMULATE=sm120]
 	@test -n "$(SGLANG_WHEEL)" || { echo "no SGLang wheel: run 'make sglang-wheel' (needs the package index) or pass SGLANG_WHEEL=path"; exit 2; }
-	PYTHONPATH=kernels $(GPU_PYTHON) -m ddtree_kernels.bench --sglang-wheel $(SGLANG_WHEEL) --out $(BENCH_OUT)
+	PYTHONPATH=kernels $(GPU_PYTHON) -m ddtree_kernels.bench --sglang-wheel $(SGLANG_WHEEL) --out $(BENCH_OUT) \
+	  $(if $(EMULATE),--emulate $(EMULATE))
 
 sglang-wheel: setup  ## download the pinned SGLang wheel (no dependencies) into .cache/wheels
 	$(PY) -m pip download --quiet --no-deps --only-binary=:all: sglang==$(SGLANG_VERSION) -d .cache/wheels

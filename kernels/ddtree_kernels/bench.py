@@ -11,6 +11,14 @@ rotated so L2 (50 MB on an H200) never holds the working set, medians of device-
 timings after warm-up (`triton.testing.do_bench`, with its L2 flush done by a read: `_time`).
 Every case also checks our output against SGLang's and against the float64 reference.
 Writes bench.json, bench.md and bench.png.
+
+`--emulate sm120` measures the path the RTX PRO 6000 runs, on the GPU at hand: every plan is made
+for compute capability 12.0 (its configuration, tiles and programs an SM; grids sized for this
+GPU's SMs), DISABLE_MMA_V3=1 makes Triton lower every dot to mma.sync as on sm_120 (checked in the
+compiled PTX: the run stops if a wgmma appears), and the floor's compute ceiling is a Triton bf16
+GEMM under the same setting. Each case then gets a labelled projection to the RTX PRO 6000 (model:
+`projection`). What emulation cannot show: sm_120 has 3.4x less DRAM bandwidth per SM than the
+H200, 2.5x its L2 (128 MB), and less shared memory an SM.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -26,12 +35,16 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 
 from . import masks, reference
-from .launcher import Workspace, plan_verify, run_verify
+from .launcher import Workspace, emulate_capability, plan_verify, run_verify
 from .tree import MASK_COMPACT
 
 D_QK, D_V = 576, 512
+EMULATIONS = {"sm120": (12, 0)}
+# RTX PRO 6000 Blackwell (sm_120): DRAM bandwidth and published cuBLASLt mma.sync throughput.
+RTX_PRO_6000 = {"gbs": 1792.0, "bf16_tflops": 458.0, "fp8_tflops": 905.0}
 
 
 @dataclass(frozen=True)
@@ -92,6 +105,7 @@ class Row:
     torch_us: float = math.nan
     err_vs_sglang: float = math.nan
     err_vs_reference: float = math.nan
+    projected_us: float = math.nan  # emulation only: the RTX PRO 6000 projection (bench.projection)
     notes: list[str] = field(default_factory=list)
 
 
@@ -105,6 +119,73 @@ def ceilings(device: str) -> tuple[float, float]:
     b = torch.randn_like(a)
     t = _time(lambda: a @ b, rep_ms=300, warmup_ms=50)
     return copy, 2 * 8192**3 / t / 1e6
+
+
+@triton.jit
+def _gemm_kernel(A, B, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """C = A @ B (row-major, sizes multiples of the blocks): the mma ceiling of Triton's own code."""
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        a = tl.load(A + rm[:, None] * K + (k + rk)[None, :])
+        b = tl.load(B + (k + rk)[:, None] * N + rn[None, :])
+        acc = tl.dot(a, b, acc)
+    tl.store(C + rm[:, None] * N + rn[None, :], acc.to(C.dtype.element_ty))
+
+
+GEMM_TILES = [(128, 128, 64, 4, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 32, 4, 4)]
+
+
+def triton_gemm_ceiling(dtype: torch.dtype, device: str, size: int = 8192) -> tuple[float, str]:
+    """(best TFLOP/s of _gemm_kernel over GEMM_TILES, the MMA instruction its PTX uses) on size^3."""
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    c = torch.empty(size, size, dtype=torch.bfloat16, device=device)
+    best, instruction = 0.0, ""
+    for bm, bn, bk, warps, stages in GEMM_TILES:
+        grid = (size // bm, size // bn)
+
+        def run(bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, grid=grid):
+            return _gemm_kernel[grid](a, b, c, size, size, size, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                                      num_warps=warps, num_stages=stages)
+
+        try:
+            compiled = run()
+            t = _time(run, rep_ms=200, warmup_ms=25)
+        except Exception:  # a tile that does not fit this GPU's shared memory
+            continue
+        if 2 * size**3 / t / 1e6 > best:
+            best = 2 * size**3 / t / 1e6
+            ptx = compiled.asm["ptx"]
+            instruction = next((line.split()[0] for line in ptx.splitlines()
+                                if line.strip().startswith(("wgmma.mma_async", "mma.sync"))), "none")
+    return best, instruction
+
+
+def enable_emulation(name: str, device: str) -> dict:
+    """Plans for the emulated GPU, dots on mma.sync; refuses to go on if Triton still emits wgmma."""
+    if name not in EMULATIONS:
+        raise SystemExit(f"--emulate {name}: choose one of {', '.join(EMULATIONS)}")
+    os.environ["DISABLE_MMA_V3"] = "1"  # read by Triton at each compile (and part of its cache key)
+    emulate_capability(EMULATIONS[name])
+    bf16, bf16_mma = triton_gemm_ceiling(torch.bfloat16, device)
+    if not bf16_mma.startswith("mma.sync"):
+        raise SystemExit(f"sm_120 emulation needs mma.sync, but Triton emitted {bf16_mma!r} with DISABLE_MMA_V3=1: "
+                         "set it in the environment before Python starts and clear ~/.triton/cache")
+    fp8, fp8_mma = triton_gemm_ceiling(torch.float8_e4m3fn, device)
+    return {"emulate": name, "mma_tflops": bf16, "mma_instruction": bf16_mma, "fp8_mma_tflops": fp8,
+            "fp8_mma_instruction": fp8_mma}
+
+
+def projection(case: Case, measured_us: float, mma_tflops: float) -> float:
+    """µs on an RTX PRO 6000 (a projection, not a measurement): max(bytes / its bandwidth, flops / (its
+    bf16 mma.sync rate x the fraction of this GPU's mma.sync ceiling the kernel reached here))."""
+    reached = case.flops() / measured_us / 1e6 / mma_tflops
+    return max(case.kv_bytes() / RTX_PRO_6000["gbs"] / 1e3,
+               case.flops() / (RTX_PRO_6000["bf16_tflops"] * reached) / 1e6)
 
 
 class Problem:
@@ -298,15 +379,22 @@ def derived(row: Row) -> dict:
 
 
 def markdown(rows: list[Row], meta: dict) -> str:
+    emulated = meta.get("emulate")
+    ceiling = (f"mma.sync ceiling (Triton bf16 GEMM, {meta['mma_instruction']}) {meta['mma_tflops']:.0f} TFLOP/s; "
+               f"fp8 GEMM {meta['fp8_mma_tflops']:.0f} TFLOP/s through {meta['fp8_mma_instruction']}"
+               if emulated else f"bf16 matmul {meta['matmul_tflops']:.0f} TFLOP/s")
     lines = [
+        *([f"**{emulated} emulation** on {meta['device']}: plans for compute capability 12.0, DISABLE_MMA_V3=1. "
+           "'RTX PRO 6000 (projected)' is a projection, not a measurement: max(bytes / 1,792 GB/s, flops / "
+           "(458 TFLOP/s x the fraction of the mma.sync ceiling reached here)).", ""] if emulated else []),
         f"GPU: {meta['device']}; torch {meta['torch']}, Triton {meta['triton']}; SGLang kernels from "
-        f"{meta['sglang_wheel'] or '(not measured)'}. Copy ceiling {meta['copy_gbs']:.0f} GB/s, bf16 matmul "
-        f"{meta['matmul_tflops']:.0f} TFLOP/s. Times in µs (median, device events); "
-        "'ours (graph)' is one call inside a replayed CUDA graph.",
+        f"{meta['sglang_wheel'] or '(not measured)'}. Copy ceiling {meta['copy_gbs']:.0f} GB/s, {ceiling}. "
+        "Times in µs (median, device events); 'ours (graph)' is one call inside a replayed CUDA graph.",
         "",
         "| case | floor | ours (graph) | ours (eager) | GB/s | TFLOP/s | efficiency | SGLang extend (tree) "
-        "| speed-up | SGLang split-KV (chain only) | torch gather+matmul | err vs SGLang | err vs fp64 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| speed-up | SGLang split-KV (chain only) | torch gather+matmul | err vs SGLang | err vs fp64 |"
+        + (" RTX PRO 6000 (projected) |" if emulated else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if emulated else ""),
     ]
     for r in rows:
         d = derived(r)
@@ -320,6 +408,7 @@ def markdown(rows: list[Row], meta: dict) -> str:
             f"| {f(d['tflops'], '{:.0f}')} | {f(100 * d['efficiency'], '{:.0f}%')} | {f(r.sglang_extend_us, '{:.0f}')} "
             f"| {f(d['speedup_vs_sglang'], '{:.0f}×')} | {f(r.sglang_chain_us, '{:.0f}')} | {f(r.torch_us, '{:.0f}')} "
             f"| {f(r.err_vs_sglang, '{:.1e}')} | {f(r.err_vs_reference, '{:.1e}')} |"
+            + (f" {f(r.projected_us)} |" if emulated else "")
         )
     return "\n".join(lines) + "\n"
 
@@ -371,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sglang-wheel", help="SGLang release wheel to take the baseline kernels from")
     ap.add_argument("--out", default="bench-out", help="folder for bench.json, bench.md, bench.png, bench.log")
     ap.add_argument("--quick", action="store_true", help="three small cases (a smoke run)")
+    ap.add_argument("--emulate", choices=sorted(EMULATIONS), help="measure another GPU's kernel path here (sm120)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("the benchmark needs a CUDA GPU", file=sys.stderr)
@@ -383,7 +473,9 @@ def main(argv: list[str] | None = None) -> int:
 
         sgl = load_sglang_attention(args.sglang_wheel)
     device = "cuda"
+    emulation = enable_emulation(args.emulate, device) if args.emulate else {}
     copy, mm = ceilings(device)
+    floor_mm = emulation.get("mma_tflops", mm)  # under emulation the compute floor is mma.sync's
     meta = dict(
         device=torch.cuda.get_device_name(),
         torch=torch.__version__,
@@ -392,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         copy_gbs=copy,
         matmul_tflops=mm,
         date=time.strftime("%Y-%m-%d"),
+        **emulation,
     )
     with (out / "bench.log").open("w") as log:
 
@@ -401,17 +494,23 @@ def main(argv: list[str] | None = None) -> int:
             log.write(text + "\n")
             log.flush()
 
-        say(f"{meta['device']}: copy {copy:.0f} GB/s, matmul {mm:.0f} TFLOP/s")
+        say(f"{meta['device']}: copy {copy:.0f} GB/s, matmul {mm:.0f} TFLOP/s"
+            + (f"; {args.emulate} emulation: mma.sync GEMM {floor_mm:.0f} TFLOP/s ({emulation['mma_instruction']}), "
+               f"fp8 GEMM {emulation['fp8_mma_tflops']:.0f} TFLOP/s ({emulation['fp8_mma_instruction']})"
+               if args.emulate else ""))
         rows = []
         cases = QUICK if args.quick else FULL
         for i, case in enumerate(cases, 1):
-            row = measure(case, device, copy, mm, sgl)
+            row = measure(case, device, copy, floor_mm, sgl)
+            if args.emulate:
+                row.projected_us = projection(case, row.ours_graph_us, floor_mm)
             torch.cuda.empty_cache()
             rows.append(row)
             d = derived(row)
             say(f"[{i}/{len(cases)}] {case.label:28} ours {row.ours_graph_us:8.1f} µs ({d['gbs']:5.0f} GB/s, "
                 f"{100 * d['efficiency']:3.0f}% of floor {row.floor_us:.1f}) sglang {row.sglang_extend_us:9.0f} µs "
-                f"err {row.err_vs_sglang:.1e} / {row.err_vs_reference:.1e}")
+                f"err {row.err_vs_sglang:.1e} / {row.err_vs_reference:.1e}"
+                + (f" | RTX PRO 6000 projected {row.projected_us:.1f} µs" if args.emulate else ""))
             (out / "bench.json").write_text(json.dumps(dict(meta=meta, rows=[asdict(r) for r in rows]), indent=1))
         (out / "bench.md").write_text(markdown(rows, meta))
         plot(rows, out / "bench.png", copy)

@@ -30,12 +30,34 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+_EMULATED_CAPABILITY: tuple[int, int] | None = None
+
+
+def emulate_capability(capability: tuple[int, int] | None) -> None:
+    """Plan every call as if the GPU had this compute capability, keeping its own SM count; None undoes it.
+
+    This is sm_120 emulation on another GPU (the benchmark's and the GPU suite's EMULATE=sm120): the
+    configuration, tiles and programs an SM that sm_120 gets, grids sized for the GPU at hand. Pair it
+    with DISABLE_MMA_V3=1, so Triton lowers every dot to mma.sync as on sm_120."""
+    global _EMULATED_CAPABILITY
+    _EMULATED_CAPABILITY = tuple(capability) if capability is not None else None
+    plan_verify.cache_clear()
+
+
 @cache
-def _device_facts(device: torch.device) -> tuple[tuple[int, int] | None, int]:
+def _real_device_facts(device: torch.device) -> tuple[tuple[int, int] | None, int]:
     if device.type != "cuda":
         return None, 4  # the interpreter: a few "SMs" so CPU tests still split the prefix
     props = torch.cuda.get_device_properties(device)
     return (props.major, props.minor), props.multi_processor_count
+
+
+def _device_facts(device: torch.device) -> tuple[tuple[int, int] | None, int]:
+    """(compute capability, SM count) that plans are made for: the device's, or the emulated capability."""
+    capability, sm_count = _real_device_facts(device)
+    if _EMULATED_CAPABILITY is not None and capability is not None:
+        capability = _EMULATED_CAPABILITY
+    return capability, sm_count
 
 
 @dataclass(frozen=True)
