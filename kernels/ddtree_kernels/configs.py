@@ -147,7 +147,7 @@ class VerifyConfig:
 # row tail on the 16-row one (same stand-in: 185k H8 n9 573.5 -> 455.3 µs, 64k H16 n9 371.6 ->
 # 278.8; session 6). A separate V tile needs 16-key tiles to fit. A merge program reads up
 # to 32 x 128 partial values a step (launcher.merge_tile).
-PORTABLE = VerifyConfig(
+SM120 = VerifyConfig(
     prefix=TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=1),
     prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=8, num_stages=3, ctas_per_sm=1, keys_major=True),
     prefix_split_v=TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=2, ctas_per_sm=1),
@@ -202,8 +202,8 @@ PORTABLE = VerifyConfig(
 # instead of none, also with several blocks a split: 64k H16 n9 66.2 -> 62.9 µs, 185k H8 n33 251.7 -> 243.6,
 # GLM-5 185k 83.5 -> 81.7 (session 15 (8)).
 HOPPER = dataclasses.replace(
-    PORTABLE,
-    prefix=dataclasses.replace(PORTABLE.prefix, ctas_per_sm=2),
+    SM120,
+    prefix=dataclasses.replace(SM120.prefix, ctas_per_sm=2),
     prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=2, keys_major=True),
     prefix_wide=TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1, gluon=True),
     prefix_wide_fp8=TileConfig(block_m=64, block_n=32, num_warps=8, num_stages=2, ctas_per_sm=1, keys_major=True),
@@ -217,25 +217,32 @@ HOPPER = dataclasses.replace(
     gluon_tail_partition=True,
 )
 
-# Chosen by (major, minor) compute capability; anything not listed gets PORTABLE.
+# Chosen by (major, minor) compute capability. Anything not listed, and the interpreter, gets
+# FALLBACK: sm_120's tiles, plain Triton on mma.sync within 99 KB a block, which every GPU runs.
 BY_CAPABILITY: dict[tuple[int, int], VerifyConfig] = {
-    (12, 0): PORTABLE,
+    (12, 0): SM120,
     (9, 0): HOPPER,
 }
 
-SHIPPED: dict[str, VerifyConfig] = {"portable": PORTABLE, "hopper": HOPPER}
+FALLBACK = SM120
+SHIPPED: dict[str, VerifyConfig] = {"sm120": SM120, "hopper": HOPPER}
 
 
 def config_for(capability: tuple[int, int] | None) -> VerifyConfig:
     """The configuration the launcher uses on a device of this compute capability."""
     if capability is None:
-        return PORTABLE
-    return BY_CAPABILITY.get(tuple(capability), PORTABLE)
+        return FALLBACK
+    return BY_CAPABILITY.get(tuple(capability), FALLBACK)
 
 
 def capabilities_choosing(config: VerifyConfig) -> list[tuple[int, int]]:
-    """Capabilities that select `config`; PORTABLE is also the fallback for unknown ones."""
+    """Capabilities that select `config`; FALLBACK (sm_120's) is also the choice for unknown ones."""
     chosen = [cap for cap, conf in BY_CAPABILITY.items() if conf == config]
-    if config == PORTABLE:
+    if config == FALLBACK:
         chosen.append((12, 0))
     return sorted(set(chosen))
+
+
+def config_name(config: VerifyConfig) -> str:
+    """The name a shipped config goes by ("sm120", "hopper"), or "custom"."""
+    return next((name for name, shipped in SHIPPED.items() if shipped == config), "custom")

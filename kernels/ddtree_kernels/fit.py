@@ -24,8 +24,9 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
-from . import prefix_hopper, prefix_hopper_ws
 from .configs import SHARED_MEMORY_LIMIT, SHARED_MEMORY_PER_SM, SHIPPED, VerifyConfig, capabilities_choosing
+from .hopper import prefix as prefix_hopper
+from .hopper import prefix_ws as prefix_hopper_ws
 from .launcher import merge_tile
 
 TARGETS = ((12, 0), (9, 0))
@@ -84,6 +85,8 @@ class FitResult:
     # next kernel launch early, and the waits that keep the tree -> prefix -> merge order.
     launch_dependents: int = 0
     grid_waits: int = 0
+    # Instructions sm_120 does not have (wgmma, setmaxnreg, tcgen05/TMEM), counted in the PTX.
+    hopper_only: int = 0
 
     @property
     def fits(self) -> bool:
@@ -176,7 +179,7 @@ def _kernel(name: str):
     if name == "prefix_gluon":
         return prefix_hopper.prefix_wide_hopper_kernel
     if name == "prefix_gluon_ws":
-        from .prefix_hopper_ws import prefix_wide_ws_kernel
+        from .hopper.prefix_ws import prefix_wide_ws_kernel
 
         return prefix_wide_ws_kernel
     return {"prefix": prefix_split_kernel, "tree": tree_block_kernel, "merge": merge_parts_kernel}[name]
@@ -220,7 +223,8 @@ def compile_variant(job: tuple) -> FitResult:
         return FitResult(config_name, target_name, kernel, variant, compiled.metadata.shared, limit,
                          regs, stack, local, must_fit, compiled.metadata.num_warps, ctas,
                          launch_dependents=ptx.count("griddepcontrol.launch_dependents"),
-                         grid_waits=ptx.count("griddepcontrol.wait"))
+                         grid_waits=ptx.count("griddepcontrol.wait"),
+                         hopper_only=sum(ptx.count(op) for op in ("wgmma.", "setmaxnreg", "tcgen05")))
     except Exception as exc:  # a config that cannot compile must show up, not crash the report
         return FitResult(config_name, target_name, kernel, variant, 0, limit, 0, 0, 0, must_fit, warps, ctas,
                          error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")

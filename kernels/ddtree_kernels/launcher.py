@@ -18,8 +18,9 @@ from functools import cache, cached_property, lru_cache
 import torch
 import triton
 
-from . import prefix_hopper, prefix_hopper_ws
-from .configs import TileConfig, VerifyConfig, config_for
+from .configs import TileConfig, VerifyConfig, config_for, config_name
+from .hopper import prefix as prefix_hopper
+from .hopper import prefix_ws as prefix_hopper_ws
 from .merge import merge_parts_kernel
 from .prefix import prefix_split_kernel
 from .tree import tree_block_kernel
@@ -58,6 +59,23 @@ def _device_facts(device: torch.device) -> tuple[tuple[int, int] | None, int]:
     if _EMULATED_CAPABILITY is not None and capability is not None:
         capability = _EMULATED_CAPABILITY
     return capability, sm_count
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of a plan (VerifyPlan.launches)."""
+
+    kernel: str
+    grid: tuple[int, ...]
+    tile: str  # the constexprs that shape it
+    num_warps: int
+    num_stages: int
+    ctas_per_sm: int  # programs an SM the grid is sized for (0: not sized by residency)
+
+    def __str__(self) -> str:
+        resident = f", {self.ctas_per_sm} an SM" if self.ctas_per_sm else ""
+        return (f"{self.kernel:42} grid {self.grid!s:15} {self.tile}, {self.num_warps} warps, "
+                f"{self.num_stages} stages{resident}")
 
 
 @dataclass(frozen=True)
@@ -162,6 +180,40 @@ class VerifyPlan:
         """Programs that cover the rows (draft tokens x heads) of the longest request."""
         return _cdiv(self.max_draft_tokens * self.num_heads, block_m)
 
+    def launches(self) -> list[Launch]:
+        """The kernels run_verify launches for this plan, in order, read from the same decisions it uses."""
+        tc = self.config.tree
+        out = [Launch("tree_block_kernel", (self.row_blocks(tc.block_m), self.batch_size),
+                      f"BLOCK_M {tc.block_m} BLOCK_N {tc.block_n}", tc.num_warps, tc.num_stages, 0)]
+        for tile, row_base, row_blocks in self.prefix_launches():
+            grid = (row_blocks, self.num_splits, self.batch_size)
+            rows = f"rows {row_base}+" if row_base else "rows 0+"
+            if tile.gluon and self.gluon:
+                block_m, tail_n, _ = self.gluon_rows
+                ws = self.tail_partition
+                out.append(Launch("hopper.prefix_ws.prefix_wide_ws_kernel" if ws else
+                                  "hopper.prefix.prefix_wide_hopper_kernel", grid,
+                                  f"{rows} BLOCK_M {block_m} TAIL_N {tail_n} BLOCK_N {tile.block_n} (wgmma)",
+                                  prefix_hopper_ws.KERNEL_WARPS if ws else tile.num_warps, tile.num_stages,
+                                  tile.ctas_per_sm))
+            else:
+                order = " keys-major" if tile.keys_major else ""
+                out.append(Launch("prefix_split_kernel", grid,
+                                  f"{rows} BLOCK_M {tile.block_m} BLOCK_N {tile.block_n}{order} (tl.dot)",
+                                  tile.num_warps, tile.num_stages, tile.ctas_per_sm))
+        grid, block_d, block_s = self.merge_grid
+        out.append(Launch("merge_parts_kernel", grid, f"BLOCK_D {block_d} BLOCK_S {block_s}",
+                          self.config.merge_num_warps, 1, 0))
+        return out
+
+    def describe(self) -> str:
+        """One line for the plan, then one a launch: what a verify call of this shape runs."""
+        cache = "fp8_e4m3" if self.kv_fp8 else "16-bit"
+        head = (f"verify plan: bs {self.batch_size}, {self.num_heads} heads x {self.max_draft_tokens} draft tokens "
+                f"({self.max_draft_tokens * self.num_heads} rows a request), {cache} cache, {self.num_splits} "
+                f"prefix splits, config {config_name(self.config)}, PDL {'on' if self.pdl else 'off'}")
+        return "\n".join([head, *(f"  {i}. {launch}" for i, launch in enumerate(self.launches(), 1))])
+
 
 def _cdiv(a: int, b: int) -> int:
     # Not triton.cdiv: on the host that is a JIT function call, several µs each.
@@ -240,19 +292,21 @@ def plan_verify(
     config: VerifyConfig | None = None,
     kv_fp8: bool = False,
     v_from_k: bool = True,
+    gpu: tuple[tuple[int, int], int] | None = None,
 ) -> VerifyPlan:
     """Choose the split count and tile configuration for a verify shape.
 
     The split count fills whole waves of resident programs (`split_count`); at run
     time a short prefix uses fewer of them. `kv_fp8` and `v_from_k` describe the KV
     cache (`cache_layout`): they pick the prefix tile, and `run_verify` checks them.
+    `gpu` = (compute capability, SM count) plans for a GPU other than `device`'s (describe.py).
     """
     if batch_size < 1 or num_heads < 1 or max_draft_tokens < 1:
         raise ValueError(
             f"plan_verify needs batch_size, num_heads and max_draft_tokens >= 1, got "
             f"{batch_size}, {num_heads}, {max_draft_tokens}"
         )
-    capability, sm_count = _device_facts(torch.device(device))
+    capability, sm_count = gpu if gpu is not None else _device_facts(torch.device(device))
     config = config or config_for(capability)
     gluon = gluon_supports(capability, v_from_k=v_from_k, d_v=d_v, d_rope=d_rope)
     if num_splits is None:
@@ -266,7 +320,7 @@ def plan_verify(
         per_split = sum(blocks * shares // tile.ctas_per_sm for tile, _, blocks in launches) * batch_size
         num_splits = split_count(per_split, sm_count * shares, config.max_splits)
     return VerifyPlan(batch_size, num_heads, max_draft_tokens, total_tokens, d_v, d_rope, num_splits, config,
-                      kv_fp8, v_from_k, uses_pdl(config, torch.device(device)), gluon)
+                      kv_fp8, v_from_k, _pdl(config, capability), gluon)
 
 
 class Workspace:
@@ -349,7 +403,10 @@ def merge_tile(conf: VerifyConfig, num_parts: int) -> tuple[int, int]:
 def uses_pdl(conf: VerifyConfig, device: torch.device) -> bool:
     """Programmatic dependent launch for every kernel after the first: sm_90 and newer, not
     under the interpreter (it runs no PTX). plan_verify records it in the plan."""
-    capability, _ = _device_facts(device)
+    return _pdl(conf, _device_facts(device)[0])
+
+
+def _pdl(conf: VerifyConfig, capability: tuple[int, int] | None) -> bool:
     return conf.pdl and capability is not None and capability >= (9, 0) and not interpreting()
 
 

@@ -29,7 +29,7 @@ import torch
 import triton
 
 from .bench import Case, Problem, ceilings, time_in_graphs
-from .configs import PORTABLE, TileConfig
+from .configs import SM120, TileConfig
 from .launcher import Workspace, plan_verify
 
 
@@ -42,17 +42,17 @@ def time_config(case: Case, tile: TileConfig, device: str = "cuda", min_chunk: i
     """Median µs of one verify call in a replayed CUDA graph (pools rotated), and the split count.
     `tile` serves every request unless `wide` is given: then `wide` takes requests of at least its
     row count, and a row tail of up to `tail_max` rows goes to `tile` in a second launch (or, up to
-    `gluon_tail` rows a block, PORTABLE's by default, spread over a Gluon wide tile's blocks).
+    `gluon_tail` rows a block, SM120's by default, spread over a Gluon wide tile's blocks).
     `gluon_narrow` takes requests of at most its rows where prefix_hopper's kernel runs; `wide_min_rows`
     (default: the wide tile's rows) is the fewest rows a request takes the wide tile with; `tail_partition`
     puts a Gluon wide tile's row tail on a warpgroup of its own (VerifyConfig.gluon_tail_partition)."""
     min_rows = (wide_min_rows or wide.block_m) if wide else 0  # one rule for both the Gluon and Triton wide tiles
-    cfg = dataclasses.replace(PORTABLE, prefix=tile, prefix_fp8=tile, prefix_wide=wide,
+    cfg = dataclasses.replace(SM120, prefix=tile, prefix_fp8=tile, prefix_wide=wide,
                               prefix_wide_fp8=wide if case.fp8 else None,
                               prefix_wide_fp8_gluon=wide if case.fp8 and wide and wide.gluon else None,
                               wide_min_rows=min_rows, gluon_wide_min_rows=min_rows, wide_tail_max_rows=tail_max,
-                              min_chunk=min_chunk or PORTABLE.min_chunk, prefetch_slots=prefetch_slots, pdl=pdl,
-                              gluon_tail_max_rows=PORTABLE.gluon_tail_max_rows if gluon_tail is None else gluon_tail,
+                              min_chunk=min_chunk or SM120.min_chunk, prefetch_slots=prefetch_slots, pdl=pdl,
+                              gluon_tail_max_rows=SM120.gluon_tail_max_rows if gluon_tail is None else gluon_tail,
                               prefix_narrow_gluon=gluon_narrow, prefix_narrow_fp8_gluon=gluon_narrow,
                               gluon_tail_partition=tail_partition)
     if merge:
@@ -123,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                                          wide=args.wide, tail_max=tail, splits=splits, gluon_tail=gluon_tail,
                                          gluon_narrow=narrow, wide_min_rows=args.wide_min_rows,
                                          tail_partition=bool(tail_part))
-                merge = merge or (PORTABLE.merge_block_d, PORTABLE.merge_block_s)
-                print(f"{case.label:26} {_label(tile):<13} chunk {chunk or PORTABLE.min_chunk:<5} "
+                merge = merge or (SM120.merge_block_d, SM120.merge_block_s)
+                print(f"{case.label:26} {_label(tile):<13} chunk {chunk or SM120.min_chunk:<5} "
                       f"merge {merge[0]}x{merge[1]:<4}"
                       f"{'' if prefetch else ' no-prefetch'}{'' if pdl else ' no-pdl'}"
                       f"{f' wide {_label(args.wide)} tail<={tail}' if args.wide else ''}"

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ddtree_kernels as dk
-from ddtree_kernels.configs import PORTABLE
+from ddtree_kernels.configs import SM120
 from ddtree_kernels.launcher import Workspace, cache_layout, plan_verify, run_verify
 from ddtree_kernels.tree import MASK_COMPACT
 
@@ -95,7 +95,7 @@ def _run_planned(plan, case) -> torch.Tensor:
 def test_splits_that_do_not_divide_the_prefix(num_splits):
     """Uneven and empty splits (40 splits of 32-key chunks over 777 keys leave some empty)."""
     case = make_case([777, 5, 64], [9, 2, 4], 8, DEVICE)
-    config = dataclasses.replace(PORTABLE, min_chunk=32)
+    config = dataclasses.replace(SM120, min_chunk=32)
     plan = plan_verify(3, 8, case.max_draft, case.q.shape[0], DEVICE, num_splits=num_splits, config=config)
     assert_close(_run_planned(plan, case), case.reference()[0], case)
 
@@ -176,7 +176,7 @@ def test_architecture_configs_match_reference(config_name):
     assert_close(_run_planned(plan, case), case.reference()[0], case)
 
 
-@pytest.mark.parametrize("config_name", ["hopper", "portable"])
+@pytest.mark.parametrize("config_name", ["hopper", "sm120"])
 @pytest.mark.parametrize("separate_v", [False, True])
 def test_keys_major_fp8_tile_matches_reference(separate_v, config_name):
     """The fp8 tiles score keys x rows and gather the values apart from the keys

@@ -40,7 +40,7 @@ def test_hopper_gluon_wide_tile_is_compiled_where_triton_builds_it(fit_report):
     keys-major form of its narrow tiles (8 and 16 rows), and the bf16 wide tile with its row tail on a
     warpgroup of its own (prefix_hopper_ws: 12 warps), must compile and fit sm_90 one program an SM;
     elsewhere the fit report leaves them out (the launcher runs prefix.py's tiles)."""
-    from ddtree_kernels import prefix_hopper
+    from ddtree_kernels.hopper import prefix as prefix_hopper
 
     gluon = [r for r in fit_report if r["kernel"].startswith("prefix_gluon")]
     if prefix_hopper.unavailable_reason():
@@ -74,6 +74,15 @@ def test_dependent_launch_chain_is_compiled_in(fit_report):
             assert r["launch_dependents"] >= 1 and r["grid_waits"] == 0, where
         else:
             assert r["grid_waits"] >= 1, where
+
+
+def test_sm120_ptx_has_no_hopper_or_datacenter_blackwell_instructions(fit_report):
+    """sm_120 has mma.sync but no wgmma, setmaxnreg or tcgen05: none may appear in what it launches."""
+    sm120 = [r for r in fit_report if r["target"] == "sm_120" and r["must_fit"]]
+    assert sm120 and all("hopper_only" in r for r in sm120)
+    assert [r for r in sm120 if r["hopper_only"]] == []
+    gluon = [r for r in fit_report if r["target"] == "sm_90" and r["kernel"].startswith("prefix_gluon")]
+    assert all(r["hopper_only"] > 0 for r in gluon)  # the count sees wgmma where it is
 
 
 def test_sm120_shared_memory_and_no_spills(fit_report):

@@ -182,7 +182,7 @@ def test_gluon_wide_tile_takes_17_to_63_rows_as_one_masked_block(heads, tokens, 
 def test_gluon_kernel_only_on_the_triton_releases_it_is_checked_on(version, runs):
     """Gluon renames things between releases: outside the checked range the launcher keeps prefix.py's tile
     and the reason names the range (and where to widen it)."""
-    from ddtree_kernels import prefix_hopper
+    from ddtree_kernels.hopper import prefix as prefix_hopper
 
     reason = prefix_hopper.unavailable_reason(version)
     assert (reason == "") == runs
@@ -191,7 +191,7 @@ def test_gluon_kernel_only_on_the_triton_releases_it_is_checked_on(version, runs
 
 
 def test_gluon_kernel_only_for_hopper_and_its_cache_layout():
-    from ddtree_kernels import prefix_hopper
+    from ddtree_kernels.hopper import prefix as prefix_hopper
     from ddtree_kernels.launcher import gluon_supports, interpreting
 
     glm5 = dict(v_from_k=True, d_v=512, d_rope=64)
@@ -282,11 +282,11 @@ def test_splits_left_to_the_tree_programs(batch, heads, tokens, pdl, reserve):
 
 def test_both_gluon_wide_kernels_take_one_argument_list():
     """The launcher calls prefix_hopper's wide kernel or its warp-specialized form with the same arguments."""
-    from ddtree_kernels import prefix_hopper
+    from ddtree_kernels.hopper import prefix as prefix_hopper
 
     if prefix_hopper.unavailable_reason():
         pytest.skip(prefix_hopper.unavailable_reason())
-    from ddtree_kernels import prefix_hopper_ws
+    from ddtree_kernels.hopper import prefix_ws as prefix_hopper_ws
 
     assert prefix_hopper_ws.prefix_wide_ws_kernel.arg_names == prefix_hopper.prefix_wide_hopper_kernel.arg_names
     assert "split_reserve" in prefix_hopper.prefix_wide_hopper_kernel.arg_names

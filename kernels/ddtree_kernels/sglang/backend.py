@@ -58,6 +58,7 @@ def ddtree_backend_class(base: type) -> type:
         def __init__(self, model_runner, *args, **kwargs):
             super().__init__(model_runner, *args, **kwargs)
             self.ddtree_verify_width = verify_width(model_runner.server_args)
+            _announce_plan(self, model_runner)
             self.use_verify_splitkv = True
             self.use_verify_shared_kv = False  # 0.5.18+: prefer our hook over the chain-only kernel
             self.verify_splitkv_fwd = hook
@@ -74,6 +75,30 @@ def ddtree_backend_class(base: type) -> type:
 
     DDTreeTritonAttnBackend.__qualname__ = DDTREE_BACKEND_NAME
     return DDTreeTritonAttnBackend
+
+
+_described: set[tuple] = set()
+
+
+def _announce_plan(backend, model_runner) -> None:
+    """Log once per served shape which kernels a one-request verify launches (VerifyPlan.describe)."""
+    import torch
+
+    from ..launcher import plan_verify
+
+    heads = int(getattr(backend, "num_head", 0) or 0)
+    width = int(backend.ddtree_verify_width or 0)
+    pool = getattr(model_runner, "token_to_kv_pool", None)
+    fp8 = getattr(pool, "dtype", None) in (torch.float8_e4m3fn,)
+    key = (heads, width, fp8, str(getattr(backend, "device", "")))
+    if key in _described or heads < 1 or width < 1 or getattr(model_runner, "is_draft_worker", False):
+        return
+    _described.add(key)
+    try:
+        plan = plan_verify(1, heads, width, width, backend.device, kv_fp8=fp8)
+        logger.warning("ddtree-sm120: %s", plan.describe())
+    except Exception as exc:  # a description must never stop a server from starting
+        logger.warning("ddtree-sm120: no verify plan description (%s: %s)", type(exc).__name__, exc)
 
 
 def make_triton_backend(triton_backend_cls: type, runner, *args, **kwargs):

@@ -37,7 +37,7 @@ D_R = 64, BLOCK_M 64 with a row tail (TAIL_N > 0). Triton 3.6-3.9 on an sm_90 GP
 
 from __future__ import annotations
 
-from . import prefix_hopper
+from . import prefix as prefix_hopper
 
 # The kernel's own warps, the scorer partition's (num_warps at launch); the worker partitions add 8 more.
 KERNEL_WARPS = 4
@@ -53,7 +53,7 @@ if not prefix_hopper.unavailable_reason():
         warpgroup_mma_wait,
     )
 
-    from .prefix_hopper import (
+    from .prefix import (
         _cta_barrier,
         _dequant_scales,
         _gather_ahead,

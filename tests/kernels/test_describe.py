@@ -1,0 +1,34 @@
+"""Which kernels a plan launches, as data and as text, for sm_120 and Hopper without either GPU."""
+
+from __future__ import annotations
+
+from ddtree_kernels.describe import GPUS, describe, main
+from ddtree_kernels.launcher import plan_verify
+
+
+def _plan(heads: int, draft: int, gpu: str, **kw):
+    return plan_verify(kw.pop("bs", 1), heads, draft, draft, "cpu", gpu=GPUS[gpu], **kw)
+
+
+def test_sm120_runs_only_the_portable_triton_kernels():
+    for heads, draft, fp8 in [(8, 9, False), (8, 9, True), (16, 33, False), (8, 1, True), (64, 9, False)]:
+        plan = _plan(heads, draft, "sm120", kv_fp8=fp8)
+        kernels = [launch.kernel for launch in plan.launches()]
+        assert kernels[0] == "tree_block_kernel" and kernels[-1] == "merge_parts_kernel"
+        assert set(kernels[1:-1]) == {"prefix_split_kernel"}, kernels  # no Gluon, no wgmma
+        assert not plan.gluon and plan.config.prefix.ctas_per_sm == 1  # ~100 KB an SM: one 93 KB program
+    # grids are sized for the GPU planned for: the RTX PRO 6000's 188 SMs, not the machine's
+    assert _plan(8, 9, "sm120").num_splits != plan_verify(1, 8, 9, 9, "cpu", gpu=((12, 0), 132)).num_splits
+
+
+def test_glm5_on_sm120_reads_the_prefix_once_per_16_row_block():
+    (prefix,) = [launch for launch in _plan(8, 9, "sm120").launches() if launch.kernel == "prefix_split_kernel"]
+    assert prefix.grid[0] == 5 and "BLOCK_M 16" in prefix.tile  # 72 rows: the gap issue 24 is about
+
+
+def test_description_names_config_and_launches(capsys):
+    text = describe(8, 9, gpu="sm120")
+    lines = text.splitlines()
+    assert "72 rows a request" in lines[0] and "config sm120" in lines[0] and len(lines) == 4
+    assert main(["--heads", "8", "--draft", "9", "--kv", "fp8", "--gpu", "sm120"]) == 0
+    assert "fp8_e4m3 cache" in capsys.readouterr().out
