@@ -55,7 +55,7 @@ SGLANG_WHEEL ?= $(firstword $(wildcard .cache/wheels/sglang-$(SGLANG_VERSION)-*.
 BENCH_OUT ?= bench-out
 bench-kernels:  ## on a CUDA machine: the side-by-side kernel benchmark (BENCHMARKS.md); SGLANG_WHEEL=path [EMULATE=sm120]
 	@test -n "$(SGLANG_WHEEL)" || { echo "no SGLang wheel: run 'make sglang-wheel' (needs the package index) or pass SGLANG_WHEEL=path"; exit 2; }
-	PYTHONPATH=kernels $(GPU_PYTHON) -m ddtree_kernels.bench --sglang-wheel $(SGLANG_WHEEL) --out $(BENCH_OUT) \
+	PYTHONPATH=kernels $(GPU_PYTHON) -m ddtree_tools.bench --sglang-wheel $(SGLANG_WHEEL) --out $(BENCH_OUT) \
 	  $(if $(EMULATE),--emulate $(EMULATE))
 
 sglang-wheel: setup  ## download the pinned SGLang wheel (no dependencies) into .cache/wheels
@@ -78,7 +78,7 @@ release-job: setup  ## apply patches/ to every SGLang release on PyPI since 0.5.
 	$(BIN)/ddtree-ops release-job --out $(RELEASE_OUT) $(if $(VERSIONS),--versions $(VERSIONS))
 
 fit: setup  ## compile every kernel config for sm_120 and sm_90 offline, print the resource table
-	$(PY) -m ddtree_kernels.fit
+	PYTHONPATH=kernels $(PY) -m ddtree_tools.fit
 
 wheel: setup  ## build the ddtree_kernels wheel into dist/ (what the playbooks install)
 	$(PY) -m pip wheel --quiet --no-deps -w dist ./kernels

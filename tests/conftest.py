@@ -16,8 +16,8 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 EMULATE = os.environ.get("DDTREE_EMULATE", "")
 if EMULATE:
     os.environ["DISABLE_MMA_V3"] = "1"
-    from ddtree_kernels.bench import EMULATIONS
     from ddtree_kernels.launcher import emulate_capability
+    from ddtree_tools.bench import EMULATIONS
 
     if EMULATE not in EMULATIONS:
         raise ValueError(f"DDTREE_EMULATE={EMULATE!r}: choose one of {', '.join(EMULATIONS)}")

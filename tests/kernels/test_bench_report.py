@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from ddtree_kernels import bench
+from ddtree_tools import bench
 
 
 def test_a_run_writes_every_report_with_each_case(tmp_path, monkeypatch):

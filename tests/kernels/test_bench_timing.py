@@ -9,7 +9,7 @@ import pytest
 import torch
 import triton
 
-from ddtree_kernels.bench import _read_flush, _time
+from ddtree_tools.bench import _read_flush, _time
 
 pytestmark = [
     pytest.mark.gpu,

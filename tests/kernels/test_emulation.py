@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from ddtree_kernels import launcher
-from ddtree_kernels.bench import RTX_PRO_6000, Case, projection
 from ddtree_kernels.configs import config_for
+from ddtree_tools.bench import RTX_PRO_6000, Case, projection
 
 
 class FakeGpu:

@@ -1,6 +1,6 @@
 """Every shipped kernel configuration compiles for sm_120 and sm_90 and fits there.
 
-Runs `python -m ddtree_kernels.fit --json` in a child process: offline compilation
+Runs `python -m ddtree_tools.fit --json` in a child process: offline compilation
 needs the real Triton JIT, and this test session may have TRITON_INTERPRET=1 set.
 """
 
@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,9 @@ from ddtree_kernels.configs import SHIPPED, SM120_SHARED_MEMORY
 @pytest.fixture(scope="module")
 def fit_report() -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "ddtree_kernels.fit", "--json"], env=env,
+    kernels = str(Path(__file__).resolve().parents[2] / "kernels")  # ddtree_tools sits beside the package
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [kernels, env.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "ddtree_tools.fit", "--json"], env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.stdout, f"fit produced no report:\n{proc.stderr[-3000:]}"
     return json.loads(proc.stdout)

@@ -1,6 +1,6 @@
 """Our kernel against SGLang's own extend_attention_fwd (the path DDTree verify uses today).
 
-SGLang's kernel is loaded from the real 0.5.23 wheel (ddtree_kernels.sglang_wheel) and
+SGLang's kernel is loaded from the real 0.5.23 wheel (ddtree_tools.sglang_wheel) and
 run on the same inputs. Under the interpreter it gets fp32 copies (a bf16 tl.dot is
 wrong there); the values are the same bf16-representable numbers ours sees.
 """
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import ddtree_kernels as dk
-from ddtree_kernels.sglang_wheel import load_sglang_attention
 from ddtree_ops.wheels import sglang_wheel
+from ddtree_tools.sglang_wheel import load_sglang_attention
 
 from .cases import make_case
 

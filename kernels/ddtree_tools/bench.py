@@ -1,6 +1,6 @@
 """Side-by-side benchmark of tree-verify attention on one GPU (DESIGN.md §2, benchmark rules).
 
-    python -m ddtree_kernels.bench --sglang-wheel sglang-0.5.23-...whl --out results/
+    python -m ddtree_tools.bench --sglang-wheel sglang-0.5.23-...whl --out results/
     make bench-kernels SGLANG_WHEEL=...                       # the same
 
 One run measures the copy and bf16-matmul ceilings, then per case: this kernel (eager
@@ -37,9 +37,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import masks, reference
-from .launcher import Workspace, emulate_capability, plan_verify, run_verify
-from .tree import MASK_COMPACT
+from ddtree_kernels import masks, reference
+from ddtree_kernels.launcher import Workspace, emulate_capability, plan_verify, run_verify
+from ddtree_kernels.tree import MASK_COMPACT
 
 D_QK, D_V = 576, 512
 EMULATIONS = {"sm120": (12, 0)}

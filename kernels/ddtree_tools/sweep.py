@@ -1,11 +1,11 @@
 """Time prefix-tile configurations against verify shapes, inside replayed CUDA graphs.
 
-    python -m ddtree_kernels.sweep --tile 16x32x4x3 --tile 32x32x4x3 --case 1,185000,8,9 --case 1,185000,8,1
-    python -m ddtree_kernels.sweep --tile 16x32x8x3x1 --case 1,185000,8,9 --fp8 --merge 64x32 --merge 32x128
-    python -m ddtree_kernels.sweep --tile 16x32x4x3x2 --wide 64x64x8x2x1 --tail-max 32 --case 1,185000,8,9 --splits 86
-    python -m ddtree_kernels.sweep --tile 16x32x4x3x2 --wide 64x64x8x2x1x0x1 --tail-max 32 \
+    python -m ddtree_tools.sweep --tile 16x32x4x3 --tile 32x32x4x3 --case 1,185000,8,9 --case 1,185000,8,1
+    python -m ddtree_tools.sweep --tile 16x32x8x3x1 --case 1,185000,8,9 --fp8 --merge 64x32 --merge 32x128
+    python -m ddtree_tools.sweep --tile 16x32x4x3x2 --wide 64x64x8x2x1 --tail-max 32 --case 1,185000,8,9 --splits 86
+    python -m ddtree_tools.sweep --tile 16x32x4x3x2 --wide 64x64x8x2x1x0x1 --tail-max 32 \
         --gluon-tail 8 --gluon-tail 0 --case 1,185000,8,9
-    python -m ddtree_kernels.sweep --tile 16x32x4x3x2 --gluon-narrow 8x64x8x3 --case 1,185000,8,1
+    python -m ddtree_tools.sweep --tile 16x32x4x3x2 --gluon-narrow 8x64x8x3 --case 1,185000,8,1
 
 A tile is BLOCK_M x BLOCK_N x warps x stages [x programs resident per SM, default 2: it sets
 the split count [x 1: keys-major scores with the values gathered apart (TileConfig.keys_major)
@@ -28,9 +28,10 @@ import sys
 import torch
 import triton
 
+from ddtree_kernels.configs import SM120, TileConfig
+from ddtree_kernels.launcher import Workspace, plan_verify
+
 from .bench import Case, Problem, ceilings, time_in_graphs
-from .configs import SM120, TileConfig
-from .launcher import Workspace, plan_verify
 
 
 def time_config(case: Case, tile: TileConfig, device: str = "cuda", min_chunk: int | None = None,

@@ -1,7 +1,7 @@
 """Compile every shipped kernel configuration offline and check that it fits.
 
-    python -m ddtree_kernels.fit            # table
-    python -m ddtree_kernels.fit --json     # machine-readable, used by the tests
+    python -m ddtree_tools.fit            # table
+    python -m ddtree_tools.fit --json     # machine-readable, used by the tests
 
 No GPU is needed: Triton compiles for a named target (sm_120, sm_90) and the
 cuobjdump bundled with Triton reads registers, stack and local memory from the
@@ -24,10 +24,16 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
-from .configs import SHARED_MEMORY_LIMIT, SHARED_MEMORY_PER_SM, SHIPPED, VerifyConfig, capabilities_choosing
-from .hopper import prefix as prefix_hopper
-from .hopper import prefix_ws as prefix_hopper_ws
-from .launcher import merge_tile
+from ddtree_kernels.configs import (
+    SHARED_MEMORY_LIMIT,
+    SHARED_MEMORY_PER_SM,
+    SHIPPED,
+    VerifyConfig,
+    capabilities_choosing,
+)
+from ddtree_kernels.hopper import prefix as prefix_hopper
+from ddtree_kernels.hopper import prefix_ws as prefix_hopper_ws
+from ddtree_kernels.launcher import merge_tile
 
 TARGETS = ((12, 0), (9, 0))
 
@@ -172,14 +178,14 @@ def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int, 
 
 
 def _kernel(name: str):
-    from .merge import merge_parts_kernel
-    from .prefix import prefix_split_kernel
-    from .tree import tree_block_kernel
+    from ddtree_kernels.merge import merge_parts_kernel
+    from ddtree_kernels.prefix import prefix_split_kernel
+    from ddtree_kernels.tree import tree_block_kernel
 
     if name == "prefix_gluon":
         return prefix_hopper.prefix_wide_hopper_kernel
     if name == "prefix_gluon_ws":
-        from .hopper.prefix_ws import prefix_wide_ws_kernel
+        from ddtree_kernels.hopper.prefix_ws import prefix_wide_ws_kernel
 
         return prefix_wide_ws_kernel
     return {"prefix": prefix_split_kernel, "tree": tree_block_kernel, "merge": merge_parts_kernel}[name]
