@@ -22,42 +22,65 @@ pytestmark = [
 FP8 = torch.float8_e4m3fn
 
 LARGE = [
-    # (prefix lengths, draft lengths, heads, options)
-    ([185_000], [9], 8, {}),  # GLM-5 at TP 8 (its last 3 splits 3 key tiles shorter: split_reserve)
-    ([8_192], [9], 8, {}),  # ... most splits empty (the last 3 no keys): the warp-specialized tile stores empty parts
-    ([65_536], [9], 16, {}),  # two blocks a split, the last 3 splits 3 key tiles shorter (late_keys)
-    ([185_000], [9], 16, {"kv_dtype": FP8}),
-    ([185_000], [33], 16, {}),
-    ([131_072, 3], [65, 1], 8, {"kv_dtype": FP8}),
-    ([65_536] * 4, [9] * 4, 16, {}),
-    ([32_768] * 8, [9] * 8, 16, {"slots": "contiguous"}),
-    ([40_000, 0, 7, 100_003], [9, 9, 1, 17], 64, {}),  # data-parallel attention: all 64 heads
-    ([185_000], [1], 8, {"kv_dtype": FP8}),  # plain decode through the same kernels
+    # (prefix lengths, draft lengths, heads, options, the Hopper path the case is for: "ws" the warp-specialized
+    # Gluon wide tile, "wide" its one-stream form, "narrow" the keys-major Gluon tile; elsewhere "triton")
+    ([185_000], [9], 8, {}, "ws"),  # GLM-5 at TP 8 (its last 3 splits 3 key tiles shorter: split_reserve)
+    ([8_192], [9], 8, {}, "ws"),  # ... most splits empty (the last 3 no keys): the ws tile stores empty parts
+    ([65_536], [9], 16, {}, "ws"),  # two blocks a split, the last 3 splits 3 key tiles shorter (late_keys)
+    ([185_000], [9], 16, {"kv_dtype": FP8}, "wide"),
+    ([185_000], [33], 16, {}, "ws"),
+    ([131_072, 3], [65, 1], 8, {"kv_dtype": FP8}, "wide"),
+    ([65_536] * 4, [9] * 4, 16, {}, "ws"),
+    ([32_768] * 8, [9] * 8, 16, {"slots": "contiguous"}, "ws"),
+    ([40_000, 0, 7, 100_003], [9, 9, 1, 17], 64, {}, "wide"),  # data-parallel attention: all 64 heads
+    ([185_000], [1], 8, {"kv_dtype": FP8}, "narrow"),  # plain decode through the same kernels
     # Hopper's Gluon wide tile with the 8-row tail in its last block, beside requests with fewer rows,
     # a short prefix, an empty one (every split empty) and one shorter than a key tile
-    ([100_003, 50, 0, 3_001, 200_000], [9, 9, 9, 1, 5], 8, {}),
-    ([65_536, 65_536], [9, 9], 8, {"kv_dtype": torch.float16, "q_dtype": torch.float16}),
+    ([100_003, 50, 0, 3_001, 200_000], [9, 9, 9, 1, 5], 8, {}, "ws"),
+    ([65_536, 65_536], [9, 9], 8, {"kv_dtype": torch.float16, "q_dtype": torch.float16}, "ws"),
     # ... with the rows past its whole blocks spread over them (264 rows: four blocks of 66), beside
     # requests that end inside a block's tail and inside its first 64 rows
-    ([70_000, 1_000, 129], [33, 17, 7], 8, {}),
+    ([70_000, 1_000, 129], [33, 17, 7], 8, {}, "ws"),
     # Hopper's keys-major Gluon tile (requests of at most 16 rows): decode beside a short, an empty and a
     # sub-tile prefix; 8 and 4 rows on an fp8 cache; 6 rows of fp16; 16 rows (N 16), beside 8 on fp8
-    ([185_000, 4_097, 0, 63], [1, 1, 1, 1], 8, {}),
-    ([50_000, 700], [2, 1], 4, {"kv_dtype": FP8}),
-    ([30_000], [3], 2, {"kv_dtype": torch.float16, "q_dtype": torch.float16}),
-    ([90_000, 5_000, 0], [1, 1, 1], 16, {}),  # 16 rows a request: N 16
-    ([40_000, 333], [2, 1], 8, {"kv_dtype": FP8}),  # 16 and 8 rows beside each other
+    ([185_000, 4_097, 0, 63], [1, 1, 1, 1], 8, {}, "narrow"),
+    ([50_000, 700], [2, 1], 4, {"kv_dtype": FP8}, "narrow"),
+    ([30_000], [3], 2, {"kv_dtype": torch.float16, "q_dtype": torch.float16}, "narrow"),
+    ([90_000, 5_000, 0], [1, 1, 1], 16, {}, "narrow"),  # 16 rows a request: N 16
+    ([40_000, 333], [2, 1], 8, {"kv_dtype": FP8}, "narrow"),  # 16 and 8 rows beside each other
     # 17-63 rows on Hopper's Gluon wide tile as one block, the rows past the request masked (beside
     # requests of as many rows, of 16 and 8, and an empty prefix)
-    ([120_000, 2_000, 0], [3, 3, 1], 8, {}),
-    ([60_000, 999], [7, 2], 8, {"kv_dtype": FP8}),
-    ([33_333, 64], [5, 5], 8, {"kv_dtype": torch.float16, "q_dtype": torch.float16}),
+    ([120_000, 2_000, 0], [3, 3, 1], 8, {}, "wide"),
+    ([60_000, 999], [7, 2], 8, {"kv_dtype": FP8}, "wide"),
+    ([33_333, 64], [5, 5], 8, {"kv_dtype": torch.float16, "q_dtype": torch.float16}, "wide"),
 ]
 
 
-@pytest.mark.parametrize("prefix,draft,heads,opts", LARGE, ids=lambda x: str(x)[:40])
-def test_large_cases_match_reference(prefix, draft, heads, opts):
+def _path(plan) -> str:
+    """Which prefix kernel a plan runs, from its launches (VerifyPlan.launches)."""
+    prefix = plan.launches()[1:-1]
+    kernels = {launch.kernel for launch in prefix}
+    if kernels == {"prefix_split_kernel"}:
+        return "triton"
+    if "hopper.prefix_ws.prefix_wide_ws_kernel" in kernels:
+        return "ws"
+    return "narrow" if any("BLOCK_M 0 " in launch.tile for launch in prefix) else "wide"
+
+
+def _gluon_here() -> bool:
+    """Hopper's Gluon tiles run on this GPU and Triton (and no sm_120 emulation is on)."""
+    from ddtree_kernels import launcher
+    from ddtree_kernels.hopper import prefix as prefix_hopper
+
+    return (torch.cuda.get_device_capability() == (9, 0) and launcher._EMULATED_CAPABILITY is None
+            and not prefix_hopper.unavailable_reason())
+
+
+@pytest.mark.parametrize("prefix,draft,heads,opts,hopper_path", LARGE, ids=lambda x: str(x)[:40])
+def test_large_cases_match_reference(prefix, draft, heads, opts, hopper_path):
     case = make_case(prefix, draft, heads, "cuda", **opts)
+    plan = plan_verify(len(prefix), heads, max(draft), sum(draft), "cuda", kv_fp8=opts.get("kv_dtype") == FP8)
+    assert _path(plan) == (hopper_path if _gluon_here() else "triton"), plan.describe()
     out = torch.full((case.q.shape[0], heads, 512), float("nan"), dtype=case.q.dtype, device="cuda")
     assert dk.sglang_verify_fwd(
         case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr,
