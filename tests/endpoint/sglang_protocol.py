@@ -1,7 +1,8 @@
 """SGLang's own OpenAI-protocol pydantic models, loaded from the real release wheel.
 
 protocol.py imports one SGLang helper (sglang.utils.convert_json_schema_to_str); it is
-stood in by name so the module loads without SGLang's GPU dependencies.
+stood in by name (ddtree_ops.patched_checks.stand_in_modules, the patch checks' helper) so the
+module loads without SGLang's GPU dependencies.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 import types
 import zipfile
 
+from ddtree_ops.patched_checks import stand_in_modules
 from ddtree_ops.wheels import sglang_wheel
 
 PROTOCOL = "sglang/srt/entrypoints/openai/protocol.py"
@@ -20,20 +22,10 @@ PROTOCOL = "sglang/srt/entrypoints/openai/protocol.py"
 def load_protocol(version: str = "0.5.23") -> types.ModuleType:
     with zipfile.ZipFile(sglang_wheel(version)) as zf:
         source = zf.read(PROTOCOL).decode()
-    utils = types.ModuleType("sglang.utils")
-    utils.convert_json_schema_to_str = lambda schema: json.dumps(schema)
-    saved = {k: sys.modules.get(k) for k in ("sglang", "sglang.utils")}
-    sys.modules.setdefault("sglang", types.ModuleType("sglang"))
-    sys.modules["sglang.utils"] = utils
-    try:
+    helpers = {"convert_json_schema_to_str": lambda schema: json.dumps(schema)}
+    with stand_in_modules({"sglang.utils": helpers}):
         spec = importlib.util.spec_from_loader("sglang_protocol_under_test", loader=None)
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module  # pydantic resolves forward references through sys.modules
         exec(compile(source, f"{version}:{PROTOCOL}", "exec"), module.__dict__)
         return module
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
