@@ -8,6 +8,7 @@ source defines, so they cannot drift.
 """
 
 from __future__ import annotations
+import __future__
 
 import ast
 import contextlib
@@ -19,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .sglang_tree import SglangTree
-
-_LAZY_ANNOTATIONS = __import__("__future__").annotations.compiler_flag
 
 DFLASH_UTILS = "srt/speculative/dflash_utils.py"
 REGISTRY = "srt/layers/attention/attention_registry.py"
@@ -54,8 +53,8 @@ def extract(path: Path, names: list[str], namespace: dict) -> dict:
         raise LookupError(f"{path}: no top-level {', '.join(sorted(missing))}")
     # Annotations stay strings (as under the module's own `from __future__ import annotations`), so
     # the names they use need not be in `namespace`.
-    code = compile(ast.Module(body=body, type_ignores=[]), str(path), "exec", flags=_LAZY_ANNOTATIONS,
-                   dont_inherit=True)
+    code = compile(ast.Module(body=body, type_ignores=[]), str(path), "exec",
+                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
     exec(code, namespace)
     return namespace
 

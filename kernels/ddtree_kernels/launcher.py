@@ -320,7 +320,7 @@ def plan_verify(
         per_split = sum(blocks * shares // tile.ctas_per_sm for tile, _, blocks in launches) * batch_size
         num_splits = split_count(per_split, sm_count * shares, config.max_splits)
     return VerifyPlan(batch_size, num_heads, max_draft_tokens, total_tokens, d_v, d_rope, num_splits, config,
-                      kv_fp8, v_from_k, _pdl(config, capability), gluon)
+                      kv_fp8, v_from_k, uses_pdl(config, capability), gluon)
 
 
 class Workspace:
@@ -400,13 +400,9 @@ def merge_tile(conf: VerifyConfig, num_parts: int) -> tuple[int, int]:
     return max(8, min(conf.merge_block_d, budget // block_s)), block_s
 
 
-def uses_pdl(conf: VerifyConfig, device: torch.device) -> bool:
+def uses_pdl(conf: VerifyConfig, capability: tuple[int, int] | None) -> bool:
     """Programmatic dependent launch for every kernel after the first: sm_90 and newer, not
     under the interpreter (it runs no PTX). plan_verify records it in the plan."""
-    return _pdl(conf, _device_facts(device)[0])
-
-
-def _pdl(conf: VerifyConfig, capability: tuple[int, int] | None) -> bool:
     return conf.pdl and capability is not None and capability >= (9, 0) and not interpreting()
 
 
