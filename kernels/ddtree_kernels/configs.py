@@ -39,6 +39,9 @@ class TileConfig:
     # D_R 64; prefix.py's kernel runs the same bf16 tile everywhere else (for fp8:
     # VerifyConfig.prefix_wide_fp8_gluon, with prefix_wide_fp8 everywhere else).
     gluon: bool = False
+    # Prefix tiles with values read from the key rows: prefix_chunked.py's kernel, the scores as four
+    # independent MMA chains instead of one down the whole latent (for GPUs without wgmma).
+    chunked: bool = False
 
 
 @dataclass(frozen=True)
@@ -139,11 +142,13 @@ class VerifyConfig:
 
 
 # sm_120: 99 KB of shared memory a block and ~100 KB an SM, so each prefix tile is one program an
-# SM (fit report); the 16-row tile double-buffers its key tile (93 KB). fp8 tiles widen in
-# registers (8 warps to stay spill-free) and score keys-major; fp8 requests of 64+ rows take 32-row
-# tiles. Why each choice, with timings: kernels/results/sweep-h200.log (sessions 5, 6, 17).
+# SM (fit report). A 16-bit cache takes prefix_chunked.py's 16 x 64 tile (94 KB): one program an SM
+# is bound by its warps' instruction stream, and four short score chains keep the MMAs busy where
+# one long one waits. fp8 tiles widen in registers (8 warps to stay spill-free) and score
+# keys-major; fp8 requests of 64+ rows take 32-row tiles. Why each choice, with timings:
+# kernels/results/sweep-h200.log (sessions 5, 6, 17, 18).
 SM120 = VerifyConfig(
-    prefix=TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=1),
+    prefix=TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=1, chunked=True),
     prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=8, num_stages=3, ctas_per_sm=1, keys_major=True),
     prefix_split_v=TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=2, ctas_per_sm=1),
     prefix_wide_fp8=TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=3, ctas_per_sm=1, keys_major=True),
@@ -158,7 +163,7 @@ SM120 = VerifyConfig(
 # sessions 3-16.
 HOPPER = dataclasses.replace(
     SM120,
-    prefix=dataclasses.replace(SM120.prefix, ctas_per_sm=2),
+    prefix=TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=2),
     prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=2, keys_major=True),
     prefix_wide=TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1, gluon=True),
     prefix_wide_fp8=TileConfig(block_m=64, block_n=32, num_warps=8, num_stages=2, ctas_per_sm=1, keys_major=True),

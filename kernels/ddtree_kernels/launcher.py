@@ -23,6 +23,7 @@ from .hopper import prefix as prefix_hopper
 from .hopper import prefix_ws as prefix_hopper_ws
 from .merge import merge_parts_kernel
 from .prefix import prefix_split_kernel
+from .prefix_chunked import prefix_chunked_kernel
 from .tree import tree_block_kernel
 
 
@@ -61,21 +62,57 @@ def _device_facts(device: torch.device) -> tuple[tuple[int, int] | None, int]:
     return capability, sm_count
 
 
+# The constexprs a launch's description shows (Launch.tile).
+_SHOWN = ("BLOCK_M", "TAIL_N", "BLOCK_N", "BLOCK_D", "BLOCK_S")
+
+
 @dataclass(frozen=True)
 class Launch:
-    """One kernel launch of a plan (VerifyPlan.launches)."""
+    """One kernel launch of a plan (VerifyPlan.launches): what run_verify runs and fit compiles."""
 
-    kernel: str
+    kernel: str  # a key of KERNELS
     grid: tuple[int, ...]
-    tile: str  # the constexprs that shape it
+    constexprs: tuple[tuple[str, object], ...]  # fixed by the plan; the call adds CALL_CONSTEXPRS
     num_warps: int
     num_stages: int
     ctas_per_sm: int  # programs an SM the grid is sized for (0: not sized by residency)
+    row_base: int = 0  # prefix launches: the first row (of each request) this launch covers
+    note: str = ""  # how it computes, for the description
+
+    @property
+    def tile(self) -> str:
+        """The constexprs that shape it, as text."""
+        shown = dict(self.constexprs)
+        rows = f"rows {self.row_base}+ " if self.kernel.startswith(("prefix", "hopper")) else ""
+        text = " ".join(f"{k} {shown[k]}" for k in _SHOWN if k in shown)
+        return f"{rows}{text}{' keys-major' if shown.get('KEYS_MAJOR') else ''}{f' {self.note}' if self.note else ''}"
 
     def __str__(self) -> str:
         resident = f", {self.ctas_per_sm} an SM" if self.ctas_per_sm else ""
         return (f"{self.kernel:42} grid {self.grid!s:15} {self.tile}, {self.num_warps} warps, "
                 f"{self.num_stages} stages{resident}")
+
+
+KERNELS = {
+    "tree_block_kernel": tree_block_kernel,
+    "prefix_split_kernel": prefix_split_kernel,
+    "prefix_chunked_kernel": prefix_chunked_kernel,
+    # Defined where the installed Triton builds Gluon kernels (prefix_hopper.unavailable_reason); plans
+    # elsewhere never launch them.
+    "hopper.prefix.prefix_wide_hopper_kernel": getattr(prefix_hopper, "prefix_wide_hopper_kernel", None),
+    "hopper.prefix_ws.prefix_wide_ws_kernel": getattr(prefix_hopper_ws, "prefix_wide_ws_kernel", None),
+    "merge_parts_kernel": merge_parts_kernel,
+}
+# Constexprs each call supplies (not the plan): the tree's mask layout, a scale passed as a float or a
+# device tensor, fp32 dots under the interpreter, whether the merge also writes the LSE.
+CALL_CONSTEXPRS = {
+    "tree_block_kernel": ("MASK_MODE", "DOT_FP32"),
+    "prefix_split_kernel": ("SCALE_FROM_PTR", "DOT_FP32"),
+    "prefix_chunked_kernel": ("SCALE_FROM_PTR", "DOT_FP32"),
+    "hopper.prefix.prefix_wide_hopper_kernel": ("SCALE_FROM_PTR",),
+    "hopper.prefix_ws.prefix_wide_ws_kernel": ("SCALE_FROM_PTR",),
+    "merge_parts_kernel": ("STORE_LSE",),
+}
 
 
 @dataclass(frozen=True)
@@ -180,31 +217,53 @@ class VerifyPlan:
         """Programs that cover the rows (draft tokens x heads) of the longest request."""
         return _cdiv(self.max_draft_tokens * self.num_heads, block_m)
 
-    def launches(self) -> list[Launch]:
-        """The kernels run_verify launches for this plan, in order, read from the same decisions it uses."""
-        tc = self.config.tree
+    def launches(self) -> tuple[Launch, ...]:
+        """The kernels run_verify launches for this plan, in order."""
+        return self._launches
+
+    @cached_property
+    def _launches(self) -> tuple[Launch, ...]:
+        conf, tc, pdl = self.config, self.config.tree, self.pdl
+        block_dv, block_dr = self.head_blocks
+        dims = dict(H=self.num_heads, D_V=self.d_v, D_R=self.d_rope)
+        padded = dict(dims, BLOCK_DV=block_dv, BLOCK_DR=block_dr)
+        prefetch = conf.prefetch_slots and not interpreting()  # the interpreter runs no PTX
         out = [Launch("tree_block_kernel", (self.row_blocks(tc.block_m), self.batch_size),
-                      f"BLOCK_M {tc.block_m} BLOCK_N {tc.block_n}", tc.num_warps, tc.num_stages, 0)]
+                      _items(padded, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, USE_PDL=pdl),
+                      tc.num_warps, tc.num_stages, 0)]
         for tile, row_base, row_blocks in self.prefix_launches():
             grid = (row_blocks, self.num_splits, self.batch_size)
-            rows = f"rows {row_base}+" if row_base else "rows 0+"
             if tile.gluon and self.gluon:
                 block_m, tail_n, _ = self.gluon_rows
                 ws = self.tail_partition
                 out.append(Launch("hopper.prefix_ws.prefix_wide_ws_kernel" if ws else
                                   "hopper.prefix.prefix_wide_hopper_kernel", grid,
-                                  f"{rows} BLOCK_M {block_m} TAIL_N {tail_n} BLOCK_N {tile.block_n} (wgmma)",
+                                  _items(dims, BLOCK_M=block_m, BLOCK_N=tile.block_n, NUM_STAGES=tile.num_stages,
+                                         TAIL_N=tail_n, KV_FP8=self.kv_fp8, USE_PDL=pdl),
                                   prefix_hopper_ws.KERNEL_WARPS if ws else tile.num_warps, tile.num_stages,
-                                  tile.ctas_per_sm))
+                                  tile.ctas_per_sm, row_base, "(wgmma)"))
+            elif self.chunked(tile):
+                out.append(Launch("prefix_chunked_kernel", grid,
+                                  _items(dims, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, PREFETCH_L2=prefetch,
+                                         USE_PDL=pdl),
+                                  tile.num_warps, tile.num_stages, tile.ctas_per_sm, row_base,
+                                  "(tl.dot, 4 score chains)"))
             else:
-                order = " keys-major" if tile.keys_major else ""
                 out.append(Launch("prefix_split_kernel", grid,
-                                  f"{rows} BLOCK_M {tile.block_m} BLOCK_N {tile.block_n}{order} (tl.dot)",
-                                  tile.num_warps, tile.num_stages, tile.ctas_per_sm))
+                                  _items(padded, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, V_FROM_K=self.v_from_k,
+                                         WIDEN_TO_FP16=self.kv_fp8, PREFETCH_L2=prefetch, USE_PDL=pdl,
+                                         KEYS_MAJOR=tile.keys_major),
+                                  tile.num_warps, tile.num_stages, tile.ctas_per_sm, row_base, "(tl.dot)"))
         grid, block_d, block_s = self.merge_grid
-        out.append(Launch("merge_parts_kernel", grid, f"BLOCK_D {block_d} BLOCK_S {block_s}",
-                          self.config.merge_num_warps, 1, 0))
-        return out
+        out.append(Launch("merge_parts_kernel", grid,
+                          _items(dict(H=self.num_heads, D_V=self.d_v), BLOCK_D=block_d, BLOCK_S=block_s, USE_PDL=pdl),
+                          conf.merge_num_warps, 1, 0))
+        return tuple(out)
+
+    def chunked(self, tile: TileConfig) -> bool:
+        """This prefix tile runs prefix_chunked_kernel (TileConfig.chunked, where it applies)."""
+        return tile.chunked and chunked_supported(kv_fp8=self.kv_fp8, v_from_k=self.v_from_k, d_v=self.d_v,
+                                                   d_rope=self.d_rope)
 
     def describe(self) -> str:
         """One line for the plan, then one a launch: what a verify call of this shape runs."""
@@ -213,6 +272,10 @@ class VerifyPlan:
                 f"({self.max_draft_tokens * self.num_heads} rows a request), {cache} cache, {self.num_splits} "
                 f"prefix splits, config {config_name(self.config)}, PDL {'on' if self.pdl else 'off'}")
         return "\n".join([head, *(f"  {i}. {launch}" for i, launch in enumerate(self.launches(), 1))])
+
+
+def _items(base: dict, **more) -> tuple[tuple[str, object], ...]:
+    return tuple({**base, **more}.items())
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -256,6 +319,15 @@ def gluon_supports(capability: tuple[int, int] | None, *, v_from_k: bool, d_v: i
     D_R 64, compiled (not interpreted)."""
     return (capability is not None and capability[0] == 9 and not interpreting()
             and not prefix_hopper.unavailable_reason() and v_from_k and d_v == 512 and d_rope == 64)
+
+
+def chunked_supported(*, kv_fp8: bool, v_from_k: bool, d_v: int, d_rope: int) -> bool:
+    """prefix_chunked_kernel serves this cache: 16-bit, values read from the key rows, D_V / 4 and D_R
+    powers of two of at least 16 (its dots' shapes)."""
+    def pow2(x: int) -> bool:
+        return x >= 16 and x & (x - 1) == 0
+
+    return not kv_fp8 and v_from_k and d_v % 4 == 0 and pow2(d_v // 4) and pow2(d_rope)
 
 
 def split_count(programs_per_split: int, slots: int, max_splits: int, slack: float = 0.03) -> int:
@@ -428,17 +500,16 @@ def run_verify(
     v_scale=1.0,
     lse_out: torch.Tensor | None = None,  # [T, H] float32, natural log
 ) -> None:
-    """Launch prefix splits, the tree block and the merge. No host synchronisation."""
+    """Run the plan's launches (VerifyPlan.launches): tree block, prefix splits, merge. No host synchronisation.
+
+    With PDL (sm_90+) each launch after the tree kernel is a programmatic dependent of the one before
+    it: it starts once every program there has started, runs beside it, and ends waiting for it, so
+    the merge, waiting on the last prefix launch, sees every part."""
     if not workspace.fits(plan):
         raise ValueError(
             f"workspace holds {workspace.lse_flat.numel()} part rows of width {workspace.d_v} but the plan needs "
             f"{plan.total_rows} x {plan.num_parts} of width {plan.d_v}; allocate Workspace.for_plan(plan, device)"
         )
-    conf = plan.config
-    H, d_v, d_r = plan.num_heads, plan.d_v, plan.d_rope
-    block_dv, block_dr = plan.head_blocks
-    dot_fp32 = interpreting()
-    qk_scale_log2 = sm_scale * 1.4426950408889634
     k_s, v_s, scale_from_ptr = _scale_args(k_scale, v_scale)
     k_buf, v_buf = kv_view(k_buf), kv_view(v_buf)
     kv_fp8, v_from_k = cache_layout(k_buf, v_buf)
@@ -448,63 +519,38 @@ def run_verify(
             f"kv_fp8={kv_fp8}, v_from_k={v_from_k}: call plan_verify(..., kv_fp8={kv_fp8}, v_from_k={v_from_k})"
         )
     o_part, lse_part = workspace.views(plan)
-    pdl = plan.pdl
+    parts = (o_part, lse_part)
     part_strides = (o_part.stride(0), o_part.stride(1), lse_part.stride(0))
-    dims = dict(H=H, D_V=d_v, D_R=d_r, BLOCK_DV=block_dv, BLOCK_DR=block_dr)
-
-    # Launch order with PDL (sm_90+): tree -> prefix (main, then row tail) -> merge. Each prefix
-    # launch is a programmatic dependent of the one before it: it starts once every program
-    # there has started, runs beside it, and ends waiting for it, so the last prefix launch
-    # completes after all the others. The merge waits on that one launch alone: one grid
-    # completion between the last key tile and the merge.
-    tc = conf.tree
-    tree_block_kernel[(plan.row_blocks(tc.block_m), plan.batch_size)](
-        q, k_tree, v_tree, qo_indptr, kv_indptr,
-        mask if mask is not None else qo_indptr,
-        mask_indptr if mask_indptr is not None else qo_indptr,
-        o_part, lse_part,
-        qk_scale_log2, plan.num_splits, mask_row_stride,
-        q.stride(0), q.stride(1), k_tree.stride(0), v_tree.stride(0),
-        *part_strides,
-        **dims, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, MASK_MODE=mask_mode, DOT_FP32=dot_fp32,
-        USE_PDL=pdl, num_warps=tc.num_warps, num_stages=tc.num_stages,
-    )
-
-    # The row tail (if any) runs beside the main launch: plan_verify sizes both grids to one wave.
-    for pc, row_base, row_blocks in plan.prefix_launches():
-        if pc.gluon and plan.gluon:
-            block_m, tail_n, row_stride = plan.gluon_rows
-            kernel = (prefix_hopper_ws.prefix_wide_ws_kernel if plan.tail_partition
-                      else prefix_hopper.prefix_wide_hopper_kernel)
-            kernel[(row_blocks, plan.num_splits, plan.batch_size)](
-                q, k_buf, kv_indices, qo_indptr, kv_indptr, o_part, lse_part,
-                k_s, v_s, qk_scale_log2, conf.min_chunk, plan.split_reserve, plan.late_keys, row_base, row_stride,
-                q.stride(0), q.stride(1), k_buf.stride(0), *part_strides,
-                H=H, D_V=d_v, D_R=d_r, BLOCK_M=block_m, BLOCK_N=pc.block_n, NUM_STAGES=pc.num_stages,
-                TAIL_N=tail_n, KV_FP8=kv_fp8, SCALE_FROM_PTR=scale_from_ptr, USE_PDL=pdl,
-                num_warps=prefix_hopper_ws.KERNEL_WARPS if plan.tail_partition else pc.num_warps, launch_pdl=pdl,
-            )
-            continue
-        prefix_split_kernel[(row_blocks, plan.num_splits, plan.batch_size)](
-            q, k_buf, v_buf, kv_indices, qo_indptr, kv_indptr,
-            o_part, lse_part,
-            k_s, v_s, qk_scale_log2, conf.min_chunk, row_base,
-            q.stride(0), q.stride(1), k_buf.stride(0), v_buf.stride(0),
-            *part_strides,
-            **dims, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n,
-            V_FROM_K=v_from_k, SCALE_FROM_PTR=scale_from_ptr, WIDEN_TO_FP16=kv_fp8,
-            DOT_FP32=dot_fp32, PREFETCH_L2=conf.prefetch_slots and not dot_fp32,  # the interpreter runs no PTX
-            USE_PDL=pdl, KEYS_MAJOR=pc.keys_major, num_warps=pc.num_warps, num_stages=pc.num_stages, launch_pdl=pdl,
-        )
-
-    merge_grid, block_d, block_s = plan.merge_grid
-    merge_parts_kernel[merge_grid](
-        o_part, lse_part, out, lse_out if lse_out is not None else o_part, qo_indptr, plan.batch_size, plan.num_parts,
-        *part_strides, out.stride(0), out.stride(1), lse_out.stride(0) if lse_out is not None else 0,
-        H=H, D_V=d_v, BLOCK_D=block_d, BLOCK_S=block_s,
-        STORE_LSE=lse_out is not None, USE_PDL=pdl,
-        num_warps=conf.merge_num_warps, launch_pdl=pdl,
-    )
+    qk_scale_log2 = sm_scale * 1.4426950408889634
+    call = dict(MASK_MODE=mask_mode, DOT_FP32=interpreting(), SCALE_FROM_PTR=scale_from_ptr,
+                STORE_LSE=lse_out is not None)
+    # Positional arguments of each kernel, in its signature's order.
+    prefix_common = (qo_indptr, kv_indptr, *parts, k_s, v_s, qk_scale_log2, plan.config.min_chunk)
+    for launch in plan.launches():
+        name = launch.kernel
+        if name == "tree_block_kernel":
+            args = (q, k_tree, v_tree, qo_indptr, kv_indptr, mask if mask is not None else qo_indptr,
+                    mask_indptr if mask_indptr is not None else qo_indptr, *parts, qk_scale_log2, plan.num_splits,
+                    mask_row_stride, q.stride(0), q.stride(1), k_tree.stride(0), v_tree.stride(0), *part_strides)
+        elif name == "prefix_split_kernel":
+            args = (q, k_buf, v_buf, kv_indices, *prefix_common, launch.row_base,
+                    q.stride(0), q.stride(1), k_buf.stride(0), v_buf.stride(0), *part_strides)
+        elif name == "prefix_chunked_kernel":
+            args = (q, k_buf, kv_indices, *prefix_common, launch.row_base,
+                    q.stride(0), q.stride(1), k_buf.stride(0), *part_strides)
+        elif name.startswith("hopper."):
+            args = (q, k_buf, kv_indices, *prefix_common, plan.split_reserve, plan.late_keys, launch.row_base,
+                    plan.gluon_rows[2], q.stride(0), q.stride(1), k_buf.stride(0), *part_strides)
+        else:  # merge_parts_kernel
+            args = (*parts, out, lse_out if lse_out is not None else o_part, qo_indptr, plan.batch_size,
+                    plan.num_parts, *part_strides, out.stride(0), out.stride(1),
+                    lse_out.stride(0) if lse_out is not None else 0)
+        # Gluon kernels pipeline by their NUM_STAGES constexpr; the tree kernel never waits on a grid.
+        options = dict(num_warps=launch.num_warps, launch_pdl=plan.pdl and name != "tree_block_kernel")
+        if not name.startswith("hopper."):
+            options["num_stages"] = launch.num_stages
+        KERNELS[name][launch.grid](*args, **dict(launch.constexprs), **{k: call[k] for k in CALL_CONSTEXPRS[name]},
+                                   **options)
 
 
 # Workspaces handed out by `shared_workspace`, per device. A larger call allocates a

@@ -39,6 +39,35 @@ def prefetch_to_l2(ptrs):
 
 
 @triton.jit
+def split_bounds(qo_indptr, kv_indptr, req, split, num_splits, min_chunk, H: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(q_start, n_rows, kv_start, lo, hi): the request's first draft token, its rows, where its slot
+    indices start, and the prefix keys [lo, hi) this split takes (lo >= hi: none). Chunks are equal,
+    whole key tiles, at least min_chunk keys, so short prefixes use fewer programs instead of many
+    near-empty ones."""
+    # All four bounds load before the first branch: one memory round trip, not two.
+    q_start = tl.load(qo_indptr + req).to(tl.int32)
+    n_rows = (tl.load(qo_indptr + req + 1).to(tl.int32) - q_start) * H
+    kv_start = tl.load(kv_indptr + req).to(tl.int64)
+    prefix_len = (tl.load(kv_indptr + req + 1).to(tl.int64) - kv_start).to(tl.int32)
+    chunk = tl.maximum(tl.cdiv(prefix_len, num_splits), min_chunk)
+    chunk = tl.cdiv(chunk, BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    return q_start, n_rows, kv_start, lo, tl.minimum(lo + chunk, prefix_len)
+
+
+@triton.jit
+def prefetch_slots(slots, lo, hi):
+    """Pull slot indices [lo, hi) into L2 (one 128-byte line per 16) before the key loop: the gather of
+    every key tile waits on its indices, a dependent load, so each would otherwise be a DRAM trip.
+    Returns 0, which the caller adds to something it uses, or the prefetches are dropped."""
+    zero = 0
+    for p in range(lo, hi, 16 * 256):
+        offs_p = p + 16 * tl.arange(0, 256)
+        zero += tl.max(prefetch_to_l2(slots + tl.minimum(offs_p, hi - 1)), 0)
+    return zero
+
+
+@triton.jit
 def prefix_split_kernel(
     Q, K_buf, V_buf, kv_indices, qo_indptr, kv_indptr,
     O_part, LSE_part,
@@ -60,22 +89,12 @@ def prefix_split_kernel(
     req = tl.program_id(2)
     num_splits = tl.num_programs(1)
 
-    # All four bounds load before the first branch: one memory round trip, not two.
-    q_start = tl.load(qo_indptr + req).to(tl.int32)
-    n_rows = (tl.load(qo_indptr + req + 1).to(tl.int32) - q_start) * H
-    kv_start = tl.load(kv_indptr + req).to(tl.int64)
-    prefix_len = (tl.load(kv_indptr + req + 1).to(tl.int64) - kv_start).to(tl.int32)
+    q_start, n_rows, kv_start, lo, hi = split_bounds(qo_indptr, kv_indptr, req, split, num_splits, min_chunk,
+                                                     H, BLOCK_N)
     if row_base + row_block * BLOCK_M >= n_rows:
         if USE_PDL:
             gdc_wait()
         return
-
-    # Chunk bounds: equal chunks, whole key tiles, at least min_chunk keys so short
-    # prefixes use fewer programs instead of many near-empty ones.
-    chunk = tl.maximum(tl.cdiv(prefix_len, num_splits), min_chunk)
-    chunk = tl.cdiv(chunk, BLOCK_N) * BLOCK_N
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, prefix_len)
 
     offs_m = row_base + row_block * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = offs_m < n_rows
@@ -105,14 +124,7 @@ def prefix_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
 
     if PREFETCH_L2:
-        # The key tile's gather waits on its slot indices, a dependent load every iteration:
-        # pull this chunk's indices (one 128-byte line per 16) into L2 up front, so that wait
-        # is an L2 hit instead of a DRAM trip.
-        zero = 0
-        for p in range(lo, hi, 16 * 256):
-            offs_p = p + 16 * tl.arange(0, 256)
-            zero += tl.max(prefetch_to_l2(kv_indices + kv_start + tl.minimum(offs_p, hi - 1)), 0)
-        lo += zero  # always 0: using the result keeps the prefetch from being dropped
+        lo += prefetch_slots(kv_indices + kv_start, lo, hi)
 
     # Slot indices run one tile ahead of the keys they address. With the index load in the
     # same iteration as its gather, Triton's pipeliner (3.6-3.9) keeps one K buffer and waits

@@ -3,7 +3,9 @@
     python -m ddtree_tools.fit            # table
     python -m ddtree_tools.fit --json     # machine-readable, used by the tests
 
-No GPU is needed: Triton compiles for a named target (sm_120, sm_90) and the
+What compiles is what runs: for each shipped config and target, the launches (VerifyPlan.launches)
+of its plans for a set of verify shapes, with each call-time constexpr variant (the tree's mask
+layouts). No GPU is needed: Triton compiles for a named target (sm_120, sm_90) and the
 cuobjdump bundled with Triton reads registers, stack and local memory from the
 cubin. A variant fits when it compiles and its shared memory is within the target's
 per-block limit; spills (stack frame, local memory) are reported beside it, and the
@@ -31,39 +33,52 @@ from ddtree_kernels.configs import (
     VerifyConfig,
     capabilities_choosing,
 )
-from ddtree_kernels.hopper import prefix as prefix_hopper
-from ddtree_kernels.hopper import prefix_ws as prefix_hopper_ws
-from ddtree_kernels.launcher import merge_tile
+from ddtree_kernels.launcher import KERNELS, Launch, plan_verify
 
 TARGETS = ((12, 0), (9, 0))
 
-# Argument types per kernel; "constexpr" entries are filled from the variant.
+# Argument types of each kernel's runtime arguments; every other argument is a constexpr, taken from the
+# launch (VerifyPlan.launches) and the call (launcher.CALL_CONSTEXPRS). "*KV" is the cache's dtype.
 _PREFIX_SIG = dict(
     Q="*bf16", K_buf="*KV", V_buf="*KV", kv_indices="*i64", qo_indptr="*i32", kv_indptr="*i32",
     O_part="*fp32", LSE_part="*fp32", k_scale="fp32", v_scale="fp32", qk_scale_log2="fp32",
     min_chunk="i32", row_base="i32", stride_qt="i32", stride_qh="i32", stride_ks="i32", stride_vs="i32",
     stride_or="i32", stride_op="i32", stride_lr="i32",
 )
+_CHUNKED_SIG = {k: v for k, v in _PREFIX_SIG.items() if k not in ("V_buf", "stride_vs")}
 _TREE_SIG = dict(
     Q="*bf16", K_tree="*bf16", V_tree="*bf16", qo_indptr="*i32", kv_indptr="*i32", mask="*u8",
     mask_indptr="*i64", O_part="*fp32", LSE_part="*fp32", qk_scale_log2="fp32", part="i32",
     mask_row_stride="i32", stride_qt="i32", stride_qh="i32", stride_kt="i32", stride_vt="i32",
     stride_or="i32", stride_op="i32", stride_lr="i32",
 )
-# prefix_hopper's Gluon kernel (values read from the key rows: no V buffer).
+# prefix_hopper's Gluon kernels (values read from the key rows: no V buffer).
 _GLUON_SIG = dict(
     Q="*bf16", K_buf="*KV", kv_indices="*i64", qo_indptr="*i32", kv_indptr="*i32", O_part="*fp32",
     LSE_part="*fp32", k_scale="fp32", v_scale="fp32", qk_scale_log2="fp32", min_chunk="i32", split_reserve="i32",
     late_keys="i32", row_base="i32", row_stride="i32", stride_qt="i32", stride_qh="i32", stride_ks="i32",
     stride_or="i32", stride_op="i32", stride_lr="i32",
 )
-# Gluon kernels are architecture-specific: prefix_hopper's is compiled for sm_90 only.
-_GLUON_TARGETS = {"prefix_gluon": (9, 0), "prefix_gluon_ws": (9, 0)}
 _MERGE_SIG = dict(
     O_part="*fp32", LSE_part="*fp32", Out="*bf16", LSE_out="*fp32", qo_indptr="*i32", batch="i32",
     num_parts="i32", stride_or="i32", stride_op="i32", stride_lr="i32", stride_ot="i32",
     stride_oh="i32", stride_lse_t="i32",
 )
+# Per launched kernel: (short name in the report, runtime signature, call-time constexpr variants to compile).
+_KERNELS = {
+    "tree_block_kernel": ("tree", _TREE_SIG, [dict(MASK_MODE=m, DOT_FP32=False) for m in (1, 0, 2)]),
+    "prefix_split_kernel": ("prefix", _PREFIX_SIG, [dict(SCALE_FROM_PTR=False, DOT_FP32=False)]),
+    "prefix_chunked_kernel": ("prefix_chunked", _CHUNKED_SIG, [dict(SCALE_FROM_PTR=False, DOT_FP32=False)]),
+    "hopper.prefix.prefix_wide_hopper_kernel": ("prefix_gluon", _GLUON_SIG, [dict(SCALE_FROM_PTR=False)]),
+    "hopper.prefix_ws.prefix_wide_ws_kernel": ("prefix_gluon_ws", _GLUON_SIG, [dict(SCALE_FROM_PTR=False)]),
+    "merge_parts_kernel": ("merge", _MERGE_SIG, [dict(STORE_LSE=True)]),
+}
+_MASK_NAMES = {0: "chain", 1: "sglang_flat", 2: "compact"}
+# Verify shapes whose plans cover every launch a config makes: (heads, draft tokens) from decode to 33-token
+# trees, each on both cache dtypes and both value layouts; the merge also at its most parts (max_splits).
+_SHAPES = [(8, 1), (8, 2), (8, 9), (16, 8), (16, 9), (8, 33)]
+# SMs of the GPU each target stands for (grids only; they do not change what compiles).
+_TARGET_SMS = {(12, 0): 188, (9, 0): 132}
 # Arguments that are multiples of 16 in every real GLM-5 / DeepSeek call (pointers, 576/512 strides).
 _ALIGNED = {
     "Q", "K_buf", "V_buf", "kv_indices", "qo_indptr", "kv_indptr", "O_part", "LSE_part", "K_tree",
@@ -121,74 +136,49 @@ def resident_ctas(registers: int, shared: int, num_warps: int, target: str) -> i
     return min(by_registers, by_shared)
 
 
-def _variants(conf: VerifyConfig) -> list[tuple[str, str, dict, dict, int, int, int]]:
-    """(kernel, variant, signature, constexprs, num_warps, num_stages, ctas_per_sm) for one config."""
-    dims = dict(H=8, D_V=512, D_R=64, BLOCK_DV=512, BLOCK_DR=64)
-    tc = conf.tree
-    out = []
-    # (cache dtype, V from K, tile); the row-tail launch compiles to the first variant
-    prefixes = [("bf16", True, conf.prefix), ("fp8e4nv", True, conf.prefix_fp8),
-                ("fp8e4nv", False, conf.prefix_fp8), ("bf16", False, conf.prefix_split_v)]
-    if conf.prefix_wide is not None:
-        prefixes.append(("bf16", True, conf.prefix_wide))
-    if conf.prefix_wide_fp8 is not None:
-        prefixes += [("fp8e4nv", True, conf.prefix_wide_fp8), ("fp8e4nv", False, conf.prefix_wide_fp8)]
-    for kv, v_from_k, pc in prefixes:
-        sig = {k: (kv if v == "*KV" else v) for k, v in _PREFIX_SIG.items()}
-        sig = {k: ("*" + kv if v == kv else v) for k, v in sig.items()}
-        const = dict(dims, BLOCK_M=pc.block_m, BLOCK_N=pc.block_n,
-                     V_FROM_K=v_from_k, SCALE_FROM_PTR=False, WIDEN_TO_FP16=kv != "bf16", DOT_FP32=False,
-                     PREFETCH_L2=True, USE_PDL=True, KEYS_MAJOR=pc.keys_major)
-        role = ",wide" if any(pc is w for w in (conf.prefix_wide, conf.prefix_wide_fp8)) else ""
-        out.append(("prefix", f"kv={kv},v_from_k={v_from_k}{role}", sig, const, pc.num_warps, pc.num_stages,
-                    pc.ctas_per_sm))
-    # prefix_hopper's tiles, where the installed Triton builds them (else the launcher never runs them).
-    # (kernel, cache dtype, tile, BLOCK_M, TAIL_N, role): a wide tile without and with a row tail in each block
-    # (the launcher's fused_tail_rows), a keys-major tile with its rows as wgmma's N (VerifyPlan.gluon_rows).
-    gluon_forms = []
-    if not prefix_hopper.unavailable_reason():
-        gluon_forms += [("prefix_gluon", kv, wide, wide.block_m, tail, f"wide,tail={tail}")
-                        for kv, wide in (("bf16", conf.prefix_wide), ("fp8e4nv", conf.prefix_wide_fp8_gluon))
-                        if wide is not None and wide.gluon
-                        for tail in sorted({0, prefix_hopper.tail_block(conf.gluon_tail_max_rows)})]
-        gluon_forms += [("prefix_gluon", kv, tile, 0, n, f"narrow,rows={n}")  # its least and most rows
-                        for kv, tile in (("bf16", conf.prefix_narrow_gluon), ("fp8e4nv", conf.prefix_narrow_fp8_gluon))
-                        if tile is not None
-                        for n in sorted({prefix_hopper.keys_major_block(r) for r in (1, tile.block_m)})]
-        # ... and the warp-specialized wide tile (prefix_hopper_ws: scorer, values, row tail), 16-bit caches only.
-        if conf.gluon_tail_partition and conf.prefix_wide is not None and conf.prefix_wide.gluon:
-            gluon_forms.append(("prefix_gluon_ws", "bf16", conf.prefix_wide, conf.prefix_wide.block_m,
-                                prefix_hopper.tail_block(conf.gluon_tail_max_rows), "wide,tail-partition"))
-    for kernel, kv, tile, block_m, tail, role in gluon_forms:
-        # The warp-specialized kernel launches with its scorer's warps (the launcher's KERNEL_WARPS).
-        warps = prefix_hopper_ws.KERNEL_WARPS if kernel == "prefix_gluon_ws" else tile.num_warps
-        const = dict(H=8, D_V=512, D_R=64, BLOCK_M=block_m, BLOCK_N=tile.block_n, NUM_STAGES=tile.num_stages,
-                     TAIL_N=tail, KV_FP8=kv != "bf16", SCALE_FROM_PTR=False, USE_PDL=True, num_warps=warps)
-        sig = {k: ("*" + kv if v == "*KV" else v) for k, v in _GLUON_SIG.items()}
-        out.append((kernel, f"kv={kv},v_from_k=True,{role}", sig, const, warps, 1, tile.ctas_per_sm))
-    for mode, name in ((1, "sglang_flat"), (0, "chain"), (2, "compact")):
-        const = dict(dims, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, MASK_MODE=mode, DOT_FP32=False, USE_PDL=True)
-        out.append(("tree", f"mask={name}", dict(_TREE_SIG), const, tc.num_warps, tc.num_stages, 0))
-    for parts in (conf.merge_block_s, conf.max_splits + 1):  # the widest and the tallest merge tile
-        block_d, block_s = merge_tile(conf, parts)
-        const = dict(H=8, D_V=512, BLOCK_D=block_d, BLOCK_S=block_s, STORE_LSE=True, USE_PDL=True)
-        out.append(("merge", f"lse,{block_d}x{block_s}", dict(_MERGE_SIG), const,
-                    conf.merge_num_warps, 1, 0))
-    return out
+def _variant(launch: Launch, kv: str, v_from_k: bool, call: dict) -> str:
+    """A launch's name in the report: its cache, its role, its tile."""
+    c = dict(launch.constexprs)
+    if launch.kernel.startswith("hopper."):
+        if launch.kernel.endswith("ws_kernel"):
+            role = "wide,tail-partition"
+        else:
+            role = f"narrow,rows={c['TAIL_N']}" if c["BLOCK_M"] == 0 else f"wide,tail={c['TAIL_N']}"
+        return f"kv={kv},v_from_k=True,{role}"
+    if launch.kernel == "tree_block_kernel":
+        return f"mask={_MASK_NAMES[call['MASK_MODE']]}"
+    if launch.kernel == "merge_parts_kernel":
+        return f"lse,{c['BLOCK_D']}x{c['BLOCK_S']}"
+    order = ",keys-major" if c.get("KEYS_MAJOR") else ""
+    return f"kv={kv},v_from_k={v_from_k},{c['BLOCK_M']}x{c['BLOCK_N']}{order}"
 
 
-def _kernel(name: str):
-    from ddtree_kernels.merge import merge_parts_kernel
-    from ddtree_kernels.prefix import prefix_split_kernel
-    from ddtree_kernels.tree import tree_block_kernel
-
-    if name == "prefix_gluon":
-        return prefix_hopper.prefix_wide_hopper_kernel
-    if name == "prefix_gluon_ws":
-        from ddtree_kernels.hopper.prefix_ws import prefix_wide_ws_kernel
-
-        return prefix_wide_ws_kernel
-    return {"prefix": prefix_split_kernel, "tree": tree_block_kernel, "merge": merge_parts_kernel}[name]
+def _jobs(name: str, conf: VerifyConfig, cap: tuple[int, int], must_fit: bool) -> list[tuple]:
+    """One compile job for each distinct launch of `conf`'s plans on `cap` (VerifyPlan.launches)."""
+    plans = [plan_verify(1, heads, draft, draft, "cpu", config=conf, kv_fp8=fp8, v_from_k=v_from_k,
+                         gpu=(cap, _TARGET_SMS[cap]))
+             for heads, draft in _SHAPES for fp8 in (False, True) for v_from_k in (True, False)]
+    plans.append(plan_verify(1, 8, 9, 9, "cpu", config=conf, num_splits=conf.max_splits, gpu=(cap, _TARGET_SMS[cap])))
+    jobs, seen = [], set()
+    for plan in plans:
+        kv = "fp8e4nv" if plan.kv_fp8 else "bf16"
+        for launch in plan.launches():
+            short, sig, calls = _KERNELS[launch.kernel]
+            v_from_k = plan.v_from_k if launch.kernel != "prefix_chunked_kernel" else True
+            # The head count only changes index arithmetic: compile every launch at GLM-5's 8.
+            const = dict(launch.constexprs) | {"H": 8}
+            if launch.kernel.startswith("hopper."):
+                const["num_warps"] = launch.num_warps  # Gluon kernels lay out for it at trace time
+            for call in calls:
+                variant = _variant(launch, kv if short.startswith("prefix") else "bf16", v_from_k, call)
+                key = (launch.kernel, variant, tuple((const | call).items()), launch.num_warps, launch.num_stages)
+                if key in seen:
+                    continue
+                seen.add(key)
+                types = {k: (("*" + kv) if v == "*KV" else v) for k, v in sig.items()}
+                jobs.append((name, cap, launch.kernel, variant, types, const | call,
+                             launch.num_warps, launch.num_stages, launch.ctas_per_sm, must_fit))
+    return jobs
 
 
 def _resource_usage(cubin: bytes) -> tuple[int, int, int]:
@@ -211,28 +201,30 @@ def compile_variant(job: tuple) -> FitResult:
     from triton.compiler import ASTSource
 
     config_name, cap, kernel, variant, sig, const, warps, stages, ctas, must_fit = job
-    fn = _kernel(kernel)
+    fn = KERNELS[kernel]
+    short = _KERNELS[kernel][0]
     limit = SHARED_MEMORY_LIMIT[cap]
     target_name = f"sm_{cap[0]}{cap[1]}"
     full_sig = {name: sig.get(name, "constexpr") for name in fn.arg_names}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in sig if a in _ALIGNED}
-    if kernel in _GLUON_TARGETS:
+    if kernel.startswith("hopper."):
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     try:
         compiled = triton.compile(
             ASTSource(fn, full_sig, const, attrs),
             target=GPUTarget("cuda", cap[0] * 10 + cap[1], 32),
-            options={"num_warps": warps, "num_stages": stages},
+            options={"num_warps": warps, "num_stages": stages} if not kernel.startswith("hopper.") else
+            {"num_warps": warps},
         )
         regs, stack, local = _resource_usage(compiled.asm["cubin"])
         ptx = compiled.asm["ptx"]
-        return FitResult(config_name, target_name, kernel, variant, compiled.metadata.shared, limit,
+        return FitResult(config_name, target_name, short, variant, compiled.metadata.shared, limit,
                          regs, stack, local, must_fit, compiled.metadata.num_warps, ctas,
                          launch_dependents=ptx.count("griddepcontrol.launch_dependents"),
                          grid_waits=ptx.count("griddepcontrol.wait"),
                          hopper_only=sum(ptx.count(op) for op in ("wgmma.", "setmaxnreg", "tcgen05")))
     except Exception as exc:  # a config that cannot compile must show up, not crash the report
-        return FitResult(config_name, target_name, kernel, variant, 0, limit, 0, 0, 0, must_fit, warps, ctas,
+        return FitResult(config_name, target_name, short, variant, 0, limit, 0, 0, 0, must_fit, warps, ctas,
                          error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
 
 
@@ -240,14 +232,8 @@ def check_all(workers: int = 2) -> list[FitResult]:
     """Every shipped config x target x kernel variant."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("unset TRITON_INTERPRET: offline compilation needs the real Triton JIT")
-    jobs = []
-    for name, conf in SHIPPED.items():
-        chosen_on = capabilities_choosing(conf)
-        for cap in TARGETS:
-            for kernel, variant, sig, const, warps, stages, ctas in _variants(conf):
-                if _GLUON_TARGETS.get(kernel, cap) != cap:
-                    continue
-                jobs.append((name, cap, kernel, variant, sig, const, warps, stages, ctas, cap in chosen_on))
+    jobs = [job for name, conf in SHIPPED.items() for cap in TARGETS
+            for job in _jobs(name, conf, cap, cap in capabilities_choosing(conf))]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(compile_variant, jobs))
 

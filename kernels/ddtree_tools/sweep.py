@@ -9,13 +9,15 @@
 
 A tile is BLOCK_M x BLOCK_N x warps x stages [x programs resident per SM, default 2: it sets
 the split count [x 1: keys-major scores with the values gathered apart (TileConfig.keys_major)
-[x 1: a wide tile run by prefix_hopper's Gluon kernel (TileConfig.gluon)]]];
+[x 1: a wide tile run by prefix_hopper's Gluon kernel (TileConfig.gluon) [x 1: prefix_chunked.py's
+kernel (TileConfig.chunked)]]]]; --emulate sm120 times sm_120's
+kernel path on this GPU (bench.py's emulation);
 a case is bs,L,H,n; a merge is a budget of output columns x parts per program (the launcher
 trades columns for parts); --wide adds a tile for requests of at least its rows,
 with a row tail of up to --tail-max rows on --tile in a second launch (under --fp8, the fp8 wide
 tile and its tail); --gluon-tail caps the rows a Gluon wide tile's blocks take past 64 each;
 --gluon-narrow gives requests of at most its rows prefix_hopper's keys-major tile. This is
-how the shipped configs in configs.py were chosen (kernels/README.md, "Tuning notes").
+how the shipped configs in configs.py were chosen (kernels/results/sweep-h200.log, the tuning log).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import triton
 from ddtree_kernels.configs import SM120, TileConfig
 from ddtree_kernels.launcher import Workspace, plan_verify
 
-from .bench import Case, Problem, ceilings, time_in_graphs
+from .bench import EMULATIONS, Case, Problem, ceilings, enable_emulation, time_in_graphs
 
 
 def time_config(case: Case, tile: TileConfig, device: str = "cuda", min_chunk: int | None = None,
@@ -73,7 +75,8 @@ def _tile(text: str) -> TileConfig:
 
 def _label(tile: TileConfig) -> str:
     return (f"{tile.block_m}x{tile.block_n}x{tile.num_warps}x{tile.num_stages}x{tile.ctas_per_sm}"
-            f"{' keys-major' if tile.keys_major else ''}{' gluon' if tile.gluon else ''}")
+            f"{' keys-major' if tile.keys_major else ''}{' gluon' if tile.gluon else ''}"
+            f"{' chunked' if tile.chunked else ''}")
 
 
 def _merge(text: str) -> tuple[int, int]:
@@ -84,7 +87,8 @@ def _merge(text: str) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tile", action="append", type=_tile, required=True,
-                    help="MxNxWARPSxSTAGES[xCTAS_PER_SM[xKEYS_MAJOR]]")
+                    help="MxNxWARPSxSTAGES[xCTAS_PER_SM[xKEYS_MAJOR[xGLUON[xCHUNKED]]]]")
+    ap.add_argument("--emulate", choices=sorted(EMULATIONS), help="time another GPU's kernel path here (sm120)")
     ap.add_argument("--case", action="append", required=True, help="bs,L,H,n")
     ap.add_argument("--fp8", action="store_true", help="fp8_e4m3 KV cache")
     ap.add_argument("--min-chunk", type=int, action="append", help="fewest keys a split takes (repeat to compare)")
@@ -105,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     narrow = (dataclasses.replace(args.gluon_narrow, ctas_per_sm=1, keys_major=True, gluon=True)
               if args.gluon_narrow else None)
+    emulation = enable_emulation(args.emulate, "cuda") if args.emulate else {}
     copy, mm = ceilings("cuda")
+    mm = emulation.get("mma_tflops", mm)  # under emulation the compute floor is mma.sync's
     # The package's path too: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH,
     # so a copy of the package named there is not what runs from inside kernels/.
     print(f"{torch.cuda.get_device_name()}: copy {copy:.0f} GB/s, matmul {mm:.0f} TFLOP/s, Triton {triton.__version__}"
