@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from .inputs import tensor_problem
 from .launcher import Workspace, cache_layout, plan_verify, run_verify, shared_workspace
 from .tree import MASK_CHAIN, MASK_COMPACT
 
@@ -51,21 +52,14 @@ def tree_verify_attention(
     _check(q.dim() == 3, f"q must be [T, H, D], got shape {tuple(q.shape)}")
     T, H, d_qk = q.shape
     d_r = d_qk - d_v
-    _check(0 <= d_r <= 64 and 0 < d_v <= 512,
-           f"head dims: q has {d_qk} columns and d_v={d_v}; need d_v <= 512 and 0 <= d_qk - d_v <= 64")
-    _check(q.dtype in (torch.bfloat16, torch.float16), f"q must be bf16 or fp16, got {q.dtype}")
-    for name, t in (("k_cache", k_cache), ("k_draft", k_draft)):
-        _check(t.dim() == 3 and t.shape[1] == 1 and t.shape[2] == d_qk,
-               f"{name} must be [N, 1, {d_qk}] (one latent KV head), got {tuple(t.shape)}")
-    _check(k_cache.dtype in (q.dtype, torch.float8_e4m3fn, torch.uint8),
-           f"k_cache must be {q.dtype} or float8_e4m3fn, got {k_cache.dtype}")
-    _check(k_draft.dtype == q.dtype, f"k_draft must match q's dtype {q.dtype}, got {k_draft.dtype}")
     v_cache = k_cache if v_cache is None else v_cache
     v_draft = k_draft if v_draft is None else v_draft
+    if out is None:
+        out = torch.empty((T, H, d_v), dtype=q.dtype, device=q.device)
+    problem = tensor_problem(q, k_draft, v_draft, out, k_cache, v_cache)
+    _check(problem is None, f"tree_verify_attention: {problem}")
     _check(qo_indptr.dim() == 1 and kv_indptr.shape == qo_indptr.shape,
            f"qo_indptr and kv_indptr must both be [bs + 1], got {tuple(qo_indptr.shape)} and {tuple(kv_indptr.shape)}")
-    for name, t in (("q", q), ("k_cache", k_cache), ("k_draft", k_draft), ("v_cache", v_cache), ("v_draft", v_draft)):
-        _check(t.stride(-1) == 1, f"{name} must be contiguous in its last dimension")
     if visibility is not None:
         _check(visibility.dim() == 2 and visibility.shape[0] == T,
                f"visibility must be bool [T={T}, n_max], got {tuple(visibility.shape)}")
@@ -82,8 +76,6 @@ def tree_verify_attention(
     plan = plan_verify(max(bs, 1), H, max(max_draft_tokens, 1), T, q.device, d_v=d_v, d_rope=d_r,
                        num_splits=num_splits, kv_fp8=kv_fp8, v_from_k=v_from_k)
     workspace = workspace or shared_workspace(plan, q.device)
-    if out is None:
-        out = torch.empty((T, H, d_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((T, H), dtype=torch.float32, device=q.device) if return_lse else None
     if bs > 0 and T > 0:
         run_verify(

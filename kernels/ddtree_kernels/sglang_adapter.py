@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import torch
 
+from .inputs import tensor_problem
 from .launcher import cache_layout, interpreting, plan_verify, run_verify, shared_workspace
 from .sglang.verify_stats import STATS
 from .tree import MASK_CHAIN, MASK_FULL, MASK_SGLANG_FLAT
 
-_COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
-_FP8_CACHE_DTYPES = (torch.float8_e4m3fn, torch.uint8)  # uint8: an fp8 pool seen as raw bytes
 # Keyword arguments SGLang may pass that do not change what the kernel must compute,
 # with the values under which that holds.
 _NEUTRAL_KWARGS = {
@@ -55,24 +54,9 @@ def unsupported_reason(
                 return f"unknown argument {key}={value!r}"
         elif not any(value is ok or value == ok for ok in _NEUTRAL_KWARGS[key]):
             return f"{key}={value!r}"
-    tensors = (q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer)
-    if any(t.dim() != 3 for t in tensors):
-        return "expects 3-d q/k/v/o tensors [tokens, heads, dim]"
-    if k_extend.shape[1] != 1 or k_buffer.shape[1] != 1 or v_buffer.shape[1] != 1:
-        return "more than one KV head (not MLA)"
-    d_qk, d_v = q_extend.shape[-1], o_extend.shape[-1]
-    if not (k_extend.shape[-1] == k_buffer.shape[-1] == d_qk and v_extend.shape[-1] == d_v <= v_buffer.shape[-1]):
-        return "q/k/v head dims disagree"
-    if not (0 < d_v <= 512 and 0 <= d_qk - d_v <= 64):
-        return f"head dims {d_qk}/{d_v} (needs d_v <= 512, d_qk - d_v <= 64)"
-    if q_extend.dtype not in _COMPUTE_DTYPES or o_extend.dtype != q_extend.dtype:
-        return f"q/o dtype {q_extend.dtype}/{o_extend.dtype}"
-    if k_extend.dtype != q_extend.dtype or v_extend.dtype != q_extend.dtype:
-        return "draft k/v dtype differs from q"
-    if k_buffer.dtype not in (q_extend.dtype, *_FP8_CACHE_DTYPES) or v_buffer.dtype != k_buffer.dtype:
-        return f"KV cache dtype {k_buffer.dtype}/{v_buffer.dtype}"
-    if any(t.stride(-1) != 1 for t in tensors):
-        return "a tensor is not contiguous in its last dimension"
+    problem = tensor_problem(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer)
+    if problem is not None:
+        return problem
     if q_extend.device.type != "cuda" and not interpreting():
         return f"tensors on {q_extend.device} (needs CUDA)"
     if custom_mask is not None and mask_indptr is None:

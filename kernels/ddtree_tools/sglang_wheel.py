@@ -2,9 +2,9 @@
 
 The kernel files are read from the wheel at run time (never copied into this repo)
 into a private package tree. The few SGLang runtime modules they import
-(`sglang.srt.environ.envs` and a handful of `sglang.srt.utils` probes) are replaced
-in `sys.modules` by the minimal stand-ins below, which answer as a CUDA build (when a
-GPU is there) with every opt-in environment switch at its default (off).
+(`sglang.srt.environ.envs` and a handful of `sglang.srt.utils` probes) are stood in while they
+import (the patch checks' `stand_in_modules`), answering as a CUDA build (when a GPU is there)
+with every opt-in environment switch at its default (off).
 """
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ from __future__ import annotations
 import importlib
 import sys
 import tempfile
-import types
 import zipfile
 from pathlib import Path
 
+from ddtree_ops.patched_checks import stand_in_modules
+
 # Where the kernels live, newest layout first (0.5.23 moved them out of srt/).
 _LAYOUTS = ("sglang/kernels/ops/attention", "sglang/srt/layers/attention/triton_ops")
-_FILES = ("extend_attention.py", "decode_attention.py", "score_mod.py", "verify_mla.py", "verify_splitkv.py")
+_FILES = ("prefill_attention.py", "extend_attention.py", "decode_attention.py", "score_mod.py", "verify_mla.py",
+          "verify_splitkv.py")
 
 
 class _EnvFlag:
@@ -33,20 +35,22 @@ class _Envs:
         return _EnvFlag()
 
 
-def _install_stand_ins(root: Path) -> None:
+def _stand_ins(root: Path) -> dict[str, dict]:
+    """The SGLang runtime modules the kernel files import, as the patch checks stand them in."""
     import torch
 
-    environ = types.ModuleType("sglang.srt.environ")
-    environ.envs = _Envs()
-    utils = types.ModuleType("sglang.srt.utils")
-    utils.is_cuda = torch.cuda.is_available
-    utils.is_hip = lambda: False
-    utils.is_gfx95_supported = lambda: False
-    utils.is_gfx1250_supported = lambda: False
-    utils.get_device_core_count = lambda index=0: torch.cuda.get_device_properties(index).multi_processor_count
-    srt = types.ModuleType("sglang.srt")
-    srt.__path__ = [str(root / "sglang" / "srt")]  # older releases keep the kernels under srt/
-    sys.modules.update({"sglang.srt": srt, "sglang.srt.environ": environ, "sglang.srt.utils": utils})
+    return {
+        "sglang": {"__path__": [str(root / "sglang")]},
+        "sglang.srt": {"__path__": [str(root / "sglang" / "srt")]},  # older releases keep the kernels under srt/
+        "sglang.srt.environ": {"envs": _Envs()},
+        "sglang.srt.utils": {
+            "is_cuda": torch.cuda.is_available,
+            "is_hip": lambda: False,
+            "is_gfx95_supported": lambda: False,
+            "is_gfx1250_supported": lambda: False,
+            "get_device_core_count": lambda index=0: torch.cuda.get_device_properties(index).multi_processor_count,
+        },
+    }
 
 
 def load_sglang_attention(wheel: str | Path) -> dict[str, object]:
@@ -73,12 +77,12 @@ def load_sglang_attention(wheel: str | Path) -> dict[str, object]:
         pkg = pkg / part
         (pkg / "__init__.py").touch()
     for name in [m for m in list(sys.modules) if m == "sglang" or m.startswith("sglang.")]:
-        del sys.modules[name]
-    sys.path.insert(0, str(root))
-    _install_stand_ins(root)
+        del sys.modules[name]  # an installed SGLang must not answer for the wheel's files
     dotted = layout.replace("/", ".")
     mods = {}
-    for f in _FILES:
-        if (root / layout / f).exists():
-            mods[f[:-3]] = importlib.import_module(f"{dotted}.{f[:-3]}")
+    # The stand-ins are needed while the files import; the modules keep what they bound.
+    with stand_in_modules(_stand_ins(root)):
+        for f in _FILES:
+            if (root / layout / f).exists():
+                mods[f[:-3]] = importlib.import_module(f"{dotted}.{f[:-3]}")
     return mods

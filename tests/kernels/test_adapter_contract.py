@@ -92,3 +92,21 @@ def test_signature_matches_sglang_extend_attention_positionally():
         "kv_indices", "custom_mask", "is_causal", "mask_indptr", "max_len_extend", "k_scale", "v_scale",
         "sm_scale",
     ]
+
+
+def test_both_entry_points_refuse_the_same_tensors(case):
+    """One check (inputs.tensor_problem) serves the hook, which declines, and the standalone API, which raises."""
+    wide = torch.zeros(9, 8, 1024, dtype=torch.bfloat16, device=DEVICE)
+    args = (case.q, case.k_draft, case.v_draft, torch.empty(9, 8, 512, dtype=torch.bfloat16, device=DEVICE),
+            case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr, case.kv_indices, case.custom_mask, True,
+            case.mask_indptr, 9)
+    reason = dk.unsupported_reason(wide, *args[1:])
+    assert reason is not None and "head dims disagree" in reason
+    with pytest.raises(ValueError, match="head dims disagree"):
+        dk.tree_verify_attention(wide, case.k_cache, case.kv_indptr, case.kv_indices, case.k_draft, case.qo_indptr,
+                                 case.visibility)
+    fp32 = case.q.float()
+    assert "q/out dtype" in dk.unsupported_reason(fp32, *args[1:])
+    with pytest.raises(ValueError, match="q/out dtype"):
+        dk.tree_verify_attention(fp32, case.k_cache, case.kv_indptr, case.kv_indices, case.k_draft, case.qo_indptr,
+                                 case.visibility)

@@ -43,3 +43,15 @@ def test_matches_sglang_extend_attention(sglang_extend, tree):
     assert ((theirs.double().cpu() - ref).norm() / ref.norm()).item() < 1e-3
     err = ((ours.double().cpu() - theirs.double().cpu()).norm() / theirs.double().cpu().norm()).item()
     assert err < 1e-2, f"ours vs SGLang: {err:.3e} (seed {case.seed})"
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_wheel_loader_reads_both_kernel_layouts(version):
+    """0.5.14 keeps the kernels under srt/ (its extend kernel imports prefill_attention), 0.5.23 under
+    kernels/ops; the stand-in runtime modules are gone once the files have imported."""
+    import sys
+
+    mods = load_sglang_attention(sglang_wheel(version))
+    assert callable(mods["extend_attention"].extend_attention_fwd)
+    assert "prefill_attention" in mods
+    assert "sglang.srt.environ" not in sys.modules and "sglang" not in sys.modules
