@@ -273,6 +273,61 @@ if not _GLUON_ERROR:
             dst.slice(r, 16, dim=0).store(tile.to(dst.dtype))
 
     @gluon.jit
+    def _landed_tile(g_nope, g_rope, k_smem, r_smem, stage, AHEAD: gl.constexpr, BLOCK_N: gl.constexpr,
+                     KV_FP8: gl.constexpr, G_NOPE: gl.constexpr, G_ROPE: gl.constexpr):
+        """(keys, rope) of the tile in `stage` once every warp can read it: waited for and, for an fp8
+        cache, widened into the 16-bit tile (k_smem, r_smem) the wgmmas read."""
+        # Tile i has landed (this thread's copies), then everyone's: and every warp is past
+        # tile i - 1, whose buffers the next gather (or widening) overwrites.
+        async_copy.wait_group(AHEAD - 1)
+        _cta_barrier()
+        if KV_FP8:
+            k_tile = k_smem.index(0)
+            r_tile = r_smem.index(0)
+            _widen_tile(g_nope.index(stage), k_tile, BLOCK_N, G_NOPE)
+            _widen_tile(g_rope.index(stage), r_tile, BLOCK_N, G_ROPE)
+            # Every warp has read this 8-bit stage (the gather refills it) and written its share
+            # of the 16-bit tile (the wgmmas read it).
+            fence_async_shared()
+            _cta_barrier()
+        else:
+            fence_async_shared()
+            k_tile = k_smem.index(stage)
+            r_tile = r_smem.index(stage)
+        return k_tile, r_tile
+
+    @gluon.jit
+    def _block_values(s, acc, m_i, l_acc, k_tile, r_tile, qk_scale_log2, key0, hi, offs_sn, dtype: gl.constexpr,
+                      O_LAYOUT: gl.constexpr):
+        """The row block's softmax of its scores `s` and the issue of its value wgmma (not waited for)."""
+        # Row maxima across both warpgroups' keys (through shared memory); sums per element.
+        p, m_i, l_acc, alpha = _block_softmax(s, m_i, l_acc, qk_scale_log2, key0, hi, offs_sn)
+        # Both warpgroups' values need all of P: it goes to shared memory, into this stage's
+        # rope buffer ([BLOCK_N, D_R], the shape of P), which no wgmma reads any more once
+        # every warp has waited for its scores (the barrier). That costs no shared memory:
+        # GLM-5's block uses 231,936 of the 232,448 bytes.
+        _cta_barrier()
+        r_tile.store(p.to(dtype))
+        fence_async_shared()
+        _cta_barrier()
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+        acc = warpgroup_mma(r_tile, k_tile, acc, is_async=True)
+        return acc, m_i, l_acc
+
+    @gluon.jit
+    def _tail_values(st, acc_t, m_t, lt_acc, k_tile, pt_smem, qk_scale_log2, key0, hi, offs_tn):
+        """The row tail's softmax of its keys-major scores `st` (while the tensor cores run the block's
+        values, if any) and the issue of its value wgmma (not waited for)."""
+        # Its row maxima span the warps (keys are its rows here); its sums stay per element until the end.
+        m_t, lt_acc, alpha_t = _tail_softmax(st, m_t, lt_acc, pt_smem, qk_scale_log2, key0, hi, offs_tn)
+        # Every warp's share of P is in shared memory before wgmma reads it.
+        fence_async_shared()
+        _cta_barrier()
+        acc_t = acc_t * alpha_t[None, :]
+        acc_t = warpgroup_mma(k_tile.permute((1, 0)), pt_smem.permute((1, 0)), acc_t, is_async=True)
+        return acc_t, m_t, lt_acc
+
+    @gluon.jit
     def _attend_chunk(
         Q, K_buf, kv_indices, O_part, LSE_part, qk_scale_log2, v_scale,
         q_start, row_end, kv_base, lo, hi, first_row, split,
@@ -349,24 +404,8 @@ if not _GLUON_ERROR:
 
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
         for i in range(n_tiles):
-            stage = i % NUM_STAGES
-            # Tile i has landed (this thread's copies), then everyone's: and every warp is past
-            # tile i - 1, whose buffers the next gather (or widening) overwrites.
-            async_copy.wait_group(AHEAD - 1)
-            _cta_barrier()
-            if KV_FP8:
-                k_tile = k_smem.index(0)
-                r_tile = r_smem.index(0)
-                _widen_tile(g_nope.index(stage), k_tile, BLOCK_N, G_NOPE)
-                _widen_tile(g_rope.index(stage), r_tile, BLOCK_N, G_ROPE)
-                # Every warp has read this 8-bit stage (the gather below refills it) and written
-                # its share of the 16-bit tile (the wgmmas read it).
-                fence_async_shared()
-                _cta_barrier()
-            else:
-                fence_async_shared()
-                k_tile = k_smem.index(stage)
-                r_tile = r_smem.index(stage)
+            k_tile, r_tile = _landed_tile(g_nope, g_rope, k_smem, r_smem, i % NUM_STAGES, AHEAD, BLOCK_N, KV_FP8,
+                                          G_NOPE, G_ROPE)
             z = _opaque_zero()
             if BLOCK_M > 0:
                 s = warpgroup_mma(qn_smem.index(z), k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -387,30 +426,13 @@ if not _GLUON_ERROR:
                     s, st = warpgroup_mma_wait(num_outstanding=0, deps=(s, st))
                 else:
                     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-                # Row maxima across both warpgroups' keys (through shared memory); sums per element.
-                p, m_i, l_acc, alpha = _block_softmax(s, m_i, l_acc, qk_scale_log2, lo + i * BLOCK_N, hi, offs_sn)
-                # Both warpgroups' values need all of P: it goes to shared memory, into this stage's
-                # rope buffer ([BLOCK_N, D_R], the shape of P), which no wgmma reads any more once
-                # every warp has waited for its scores (the barrier). That costs no shared memory:
-                # GLM-5's block uses 231,936 of the 232,448 bytes.
-                _cta_barrier()
-                r_tile.store(p.to(dtype))
-                fence_async_shared()
-                _cta_barrier()
-                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
-                acc = warpgroup_mma(r_tile, k_tile, acc, is_async=True)
+                acc, m_i, l_acc = _block_values(s, acc, m_i, l_acc, k_tile, r_tile, qk_scale_log2, lo + i * BLOCK_N, hi,
+                                                offs_sn, dtype, O_LAYOUT)
             elif TAIL_N > 0:
                 st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
             if TAIL_N > 0:
-                # The tail's softmax (while the tensor cores run the block's values, if any). Its row
-                # maxima span the warps (keys are its rows here); its sums stay per element until the end.
-                m_t, lt_acc, alpha_t = _tail_softmax(st, m_t, lt_acc, pt_smem, qk_scale_log2, lo + i * BLOCK_N, hi,
-                                                     offs_tn)
-                # Every warp's share of P is in shared memory before wgmma reads it.
-                fence_async_shared()
-                _cta_barrier()
-                acc_t = acc_t * alpha_t[None, :]
-                acc_t = warpgroup_mma(k_tile.permute((1, 0)), pt_smem.permute((1, 0)), acc_t, is_async=True)
+                acc_t, m_t, lt_acc = _tail_values(st, acc_t, m_t, lt_acc, k_tile, pt_smem, qk_scale_log2,
+                                                  lo + i * BLOCK_N, hi, offs_tn)
             if BLOCK_M > 0 and TAIL_N > 0:
                 acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
             elif BLOCK_M > 0:
