@@ -60,7 +60,7 @@ class VerifyConfig:
     max_splits: int = 512
     min_chunk: int = 128  # fewest prefix keys a split takes (short prefixes use fewer splits)
     # Key tiles fewer for each split whose programs start late, behind the tree kernel's
-    # (VerifyPlan.split_reserve): the tree kernel holds its SMs ~8 µs, ~3 key tiles of the wide tile.
+    # (VerifyPlan.split_reserve): the tree kernel holds its SMs about 3 key tiles' time of the wide tile.
     late_split_tiles: int = 3
     # bf16/fp16 cache with V read from K: a taller tile reads each gathered key tile for more
     # rows. Used when a request has at least wide_min_rows rows (draft tokens x heads).

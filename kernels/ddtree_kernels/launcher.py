@@ -179,11 +179,10 @@ class VerifyPlan:
     @cached_property
     def split_reserve(self) -> int:
         """Splits at the end of the grid whose programs start late: the tree kernel launches first and holds its
-        SMs ~8 µs (`probes/stamps_timeline.py`), so the prefix programs launched last, as many as it has
-        programs, wait that long for an SM; with every split as long as the others the call waited for them.
-        They get `late_keys` keys fewer each (`prefix_hopper._program_work`). Where the warp-specialized tile
-        runs with PDL, at most 1/8 of the splits (else 0). Leaving them no keys at all took GLM-5 185k from
-        101.1 to 98.5 µs (sweep log, session 13 (8)); a few tiles fewer instead, session 15 (8)."""
+        SMs for a few key tiles' time, so the prefix programs launched last, as many as it has programs, wait
+        that long for an SM, and with every split as long as the others the call waits for them. They get
+        `late_keys` keys fewer each (`prefix_hopper._program_work`). Where the warp-specialized tile runs with
+        PDL, at most 1/8 of the splits (else 0). Timings: the tuning log, sessions 13 and 15."""
         tree_programs = self.row_blocks(self.config.tree.block_m) * self.batch_size
         late = _cdiv(tree_programs, self.prefix_launches()[0][2])  # the prefix programs of a split: its row blocks
         return late if self.pdl and self.tail_partition and late * 8 <= self.num_splits else 0
@@ -337,8 +336,7 @@ def split_count(programs_per_split: int, slots: int, max_splits: int, slack: flo
     so the cost is waves / splits. One program past a full wave doubles the time (265 programs
     on 264 slots). Among the split counts within `slack` of the best cost, take the fewest waves
     (fewer partial outputs to merge), then the most splits that still fit them: a wave filled to
-    the last slot. Measured (sweep log "session 5"): decode 264 splits, not 257, 72.3 -> 70.6 µs;
-    GLM-5 88, not 86, 1.5% faster at 185k and 2-4% slower at 128k (one count serves every L).
+    the last slot (the tuning log, session 5, has the timings).
     """
     def waves(splits: int) -> int:
         return math.ceil(programs_per_split * splits / slots)

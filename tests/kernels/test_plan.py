@@ -52,16 +52,16 @@ def test_plan_sizes_its_grid_by_the_tile_that_runs(kv_fp8, v_from_k):
     tile = plan.prefix_tile
     expected = HOPPER.prefix_wide_fp8 if kv_fp8 else HOPPER.prefix_wide if v_from_k else HOPPER.prefix_split_v
     assert tile is expected
-    sm_count = 4  # what the planner assumes off a GPU
+    # Off a GPU the planner assumes 4 SMs.
     if tile is HOPPER.prefix_wide or tile is HOPPER.prefix_wide_fp8:
-        # 64 rows on the wide tile (one an SM) beside an 8-row tail on the 16-row tile (two an SM):
-        # a split costs 2 + 1 half-SMs
+        # 64 rows on the wide tile (one an SM, 2 half-SM shares) beside an 8-row tail on the 16-row tile
+        # (two an SM, 1 share): 3 shares a split on 8 half-SM slots, so 8 splits fill exactly 3 waves.
         assert plan.tail_rows == 8
-        assert plan.num_splits == split_count(1 * 2 + 1 * 1, sm_count * 1 * 2, HOPPER.max_splits)
+        assert plan.num_splits == 8
     else:
-        assert plan.tail_rows == 0
-        assert plan.num_splits == split_count(math.ceil(72 / tile.block_m), tile.ctas_per_sm * sm_count,
-                                              HOPPER.max_splits)
+        # 72 rows as three 32-row programs a split, one an SM: 4 splits fill exactly 3 waves of 4.
+        assert plan.tail_rows == 0 and tile.block_m == 32 and tile.ctas_per_sm == 1
+        assert plan.num_splits == 4
 
 
 @pytest.mark.parametrize("heads,tokens,launches", [

@@ -3,8 +3,8 @@
 `prefix.py`'s tile, written with `tl.dot`, leaves the GLM-5 shape at ~30% of its floor on
 the H200: Triton splits the 64 x BLOCK_N scores across the two warpgroups, so every key
 tile's softmax is exchanged between them through shared memory and barriers, and each
-wgmma descriptor is rebuilt in the loop (sweep log, session 6: 1,477 instructions a warp
-a 64-key step, 76 of them wgmma). This kernel does the same work with that structure taken
+wgmma descriptor is rebuilt in the loop (1,477 instructions a warp a 64-key step, 76 of them
+wgmma). This kernel does the same work with that structure taken
 out of the compiler's hands:
 
 - Each warpgroup scores half the key tile (wgmma layout [4, 2]) and accumulates half of the
@@ -19,8 +19,7 @@ out of the compiler's hands:
   are wgmma's N: a second launch for them would read the whole prefix again
   (launcher.fused_tail_rows).
 - The queries' shared-memory descriptors are rebuilt in the loop (`_opaque_zero`): hoisted,
-  the 72 of them spilled to local memory, and the reloads stalled every step (Nsight Compute,
-  sweep log session 8).
+  the 72 of them spilled to local memory, and the reloads stalled every step.
 - An fp8 cache (KV_FP8) is gathered into 8-bit stages and each tile widened once into one
   fp16 tile that all the wgmmas read (the queries are fp16 too, as in prefix.py's fp8 tiles);
   the 8-bit stage is free after the widening, so its gather runs NUM_STAGES tiles ahead.
@@ -29,9 +28,9 @@ out of the compiler's hands:
   tensor cores (configs: prefix_narrow_gluon).
   On an fp8 cache that form (`_attend_rows_fp8`) loads each wgmma's left operand, the key tile
   or its transpose, from the 8-bit stage into registers and widens it there: no 16-bit tile in
-  shared memory, so two programs share an SM (decode 185k: 66.7 -> 49.2 µs, sweep log session 14).
-  The values' operand is read with matrix loads (`_value_pairs`) as soon as the scores are in, so
-  the stage takes the tile after next while the softmax and the values run (session 16).
+  shared memory, so two programs share an SM. The values' operand is read with matrix loads
+  (`_value_pairs`) as soon as the scores are in, so the stage takes the tile after next while the
+  softmax and the values run. (Timings of each choice: the tuning log, sessions 6-16.)
 
 Same grid and partial outputs as `prefix_split_kernel` (merge.py combines them), for a
 bf16/fp16/fp8 cache whose values are the keys' first D_V columns, D_V = 512 and D_R = 64
@@ -520,8 +519,7 @@ if not _GLUON_ERROR:
         operand's columns, and the staged queries', are permuted (`_key_column`) so that a thread loads contiguous
         bytes. The transposed value operand is read as 16-bit column pairs (`_value_pairs`, its rows permuted by
         `_value_column`, undone at the store) right after the scores: the stage is then free, and the gather of
-        tile i + NUM_STAGES goes out before the softmax, two tiles in flight a program instead of one (sweep log
-        session 16: 185k decode H8 48.4 -> 46.8 µs, H16 67.5 -> 62.1, bs 4 146.8 -> 137.0)."""
+        tile i + NUM_STAGES goes out before the softmax, two tiles in flight a program instead of one."""
         gl.static_assert(WARPS == 4 and BLOCK_N == 64, "_key_operand's load layout: one warpgroup, 64 keys")
         ST_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                             instr_shape=[16, TAIL_N, 16])

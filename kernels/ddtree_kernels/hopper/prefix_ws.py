@@ -18,12 +18,10 @@ partitions (`gl.warp_specialize`) that hand the shared key stages over through m
 - `done` (all three) frees a stage for the next gather.
 
 Why one scorer: the tile is bound by shared-memory reads (wgmma reads both operands of these
-shapes from shared memory; Nsight Compute put L1/TEX at 66% with the tensor pipe at 35%, sweep log
-session 11 (9)). Two warpgroups that each score half the keys each read all 64 rows of queries,
-147 KB a tile; one that scores all the keys reads them once, and a row's maxima stay in one warp.
-Against the two-warpgroup block (sweep log, session 15 (2)): GLM-5 185k 96.0 -> 83.3 µs, 128k
-73.9 -> 64.9, 64k 49.4 -> 44.4, H8 n33 185k 302.6 -> 251.2, H16 n33 64k 243.1 -> 205.4. Of that,
-`ready` on copy completion is 1-4%; overlapping the scorer's next scores with its values was slower.
+shapes from shared memory; Nsight Compute put L1/TEX at 66% with the tensor pipe at 35%). Two
+warpgroups that each score half the keys each read all 64 rows of queries, 147 KB a tile; one that
+scores all the keys reads them once, and a row's maxima stay in one warp. (Timings against the
+two-warpgroup block: the tuning log, sessions 11 and 15.)
 
 Each partition writes its own part: the scorer its half of the block's columns and the LSEs, the
 value partition the other half (normalised with the scorer's factors, `final`), each staged in a
