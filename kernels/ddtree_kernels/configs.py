@@ -68,7 +68,7 @@ class VerifyConfig:
     # The same for an fp8 cache (either V layout): the widening of each 8-bit key tile is then
     # paid once for 64 rows (32 on sm_120) instead of once for every 16.
     prefix_wide_fp8: TileConfig | None = None
-    # Where hopper/prefix.py's Gluon kernel runs (launcher.gluon_supports), an fp8 cache with V read from K
+    # Where hopper/prefix.py's Gluon kernel runs (hopper.plan.gluon_supports), an fp8 cache with V read from K
     # takes this wide tile instead: each 8-bit key tile widened once into a 16-bit one that both
     # wgmmas read. prefix_wide_fp8 stays the tile everywhere else (older or newer Triton, separate V).
     prefix_wide_fp8_gluon: TileConfig | None = None
@@ -87,7 +87,7 @@ class VerifyConfig:
     # many, instead of in a mostly empty wide block.
     wide_tail_max_rows: int = 32
     # A wide tile run by the Gluon kernel (TileConfig.gluon) spreads the rows past its whole blocks over
-    # them, up to this many a block (launcher.fused_tail_rows): their queries and P fit the shared
+    # them, up to this many a block (hopper.plan.fused_tail_rows): their queries and P fit the shared
     # memory a block has left.
     gluon_tail_max_rows: int = 8
     # A bf16/fp16 cache's wide tile warp-specialized (hopper/prefix_ws.py): one warpgroup scores the
@@ -105,7 +105,7 @@ class VerifyConfig:
     def prefix_for(self, rows_per_request: int, *, kv_fp8: bool = False, v_from_k: bool = True,
                    gluon: bool = False) -> TileConfig:
         """The prefix tile for requests of up to this many rows each, on this cache layout (`gluon`:
-        where hopper/prefix.py's kernel runs, launcher.gluon_supports)."""
+        where hopper/prefix.py's kernel runs, hopper.plan.gluon_supports)."""
         if gluon and v_from_k:
             few = self.prefix_narrow_fp8_gluon if kv_fp8 else self.prefix_narrow_gluon
             if few is not None and rows_per_request <= few.block_m:

@@ -11,7 +11,6 @@ so its launch and prologue overlap the previous grid instead of following it.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from functools import cache, cached_property, lru_cache
 
@@ -19,18 +18,15 @@ import torch
 import triton
 
 from .configs import TileConfig, VerifyConfig, config_for, config_name
+from .hopper import plan as hopper_plan
 from .hopper import prefix as prefix_hopper
 from .hopper import prefix_ws as prefix_hopper_ws
+from .hopper.plan import fused_tail_rows, gluon_supports
+from .interpreter import interpreting
 from .merge import merge_parts_kernel
 from .prefix import prefix_split_kernel
 from .prefix_chunked import prefix_chunked_kernel
 from .tree import tree_block_kernel
-
-
-def interpreting() -> bool:
-    """True under TRITON_INTERPRET=1, where kernels run on the CPU through numpy."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
 
 _EMULATED_CAPABILITY: tuple[int, int] | None = None
 
@@ -155,42 +151,23 @@ class VerifyPlan:
         return prefix_launches(self.config, self.max_draft_tokens * self.num_heads, kv_fp8=self.kv_fp8,
                                v_from_k=self.v_from_k, gluon=self.gluon)
 
+    # The Gluon tiles' own decisions (hopper/plan.py), derived once per plan.
+
     @cached_property
     def gluon_rows(self) -> tuple[int, int, int]:
-        """(BLOCK_M, TAIL_N, rows a block owns) of prefix_hopper's kernel on this plan's main tile. A
-        keys-major tile has no 64-row block: a request's rows (at most its block_m) are wgmma's N (TAIL_N,
-        a power of two from 8), so decode's 8 rows do not pay for a tile sized for more. A wide tile's
-        blocks each take their share of the rows past the whole blocks (`fused_tail_rows`) keys-major."""
-        tile, rows = self.prefix_tile, self.max_draft_tokens * self.num_heads
-        if tile.keys_major:
-            rows = min(rows, tile.block_m)  # one block a request
-            return 0, prefix_hopper.keys_major_block(rows), rows
-        tail = fused_tail_rows(self.config, rows, kv_fp8=self.kv_fp8, v_from_k=self.v_from_k, gluon=self.gluon)
-        return tile.block_m, prefix_hopper.tail_block(tail), tile.block_m + tail
+        return hopper_plan.gluon_rows(self)
 
     @cached_property
     def tail_partition(self) -> bool:
-        """prefix_hopper's wide kernel runs its row tail on a warpgroup of its own (prefix_hopper_ws):
-        a 16-bit cache, a 64-row block with a tail, and a config that asks for it."""
-        block_m, tail_n, _ = self.gluon_rows
-        return (self.gluon and self.prefix_tile.gluon and self.config.gluon_tail_partition and not self.kv_fp8
-                and block_m > 0 and tail_n > 0)
+        return hopper_plan.tail_partition(self)
 
     @cached_property
     def split_reserve(self) -> int:
-        """Splits at the end of the grid whose programs start late: the tree kernel launches first and holds its
-        SMs for a few key tiles' time, so the prefix programs launched last, as many as it has programs, wait
-        that long for an SM, and with every split as long as the others the call waits for them. They get
-        `late_keys` keys fewer each (`prefix_hopper._program_work`). Where the warp-specialized tile runs with
-        PDL, at most 1/8 of the splits (else 0). Timings: the tuning log, sessions 13 and 15."""
-        tree_programs = self.row_blocks(self.config.tree.block_m) * self.batch_size
-        late = _cdiv(tree_programs, self.prefix_launches()[0][2])  # the prefix programs of a split: its row blocks
-        return late if self.pdl and self.tail_partition and late * 8 <= self.num_splits else 0
+        return hopper_plan.split_reserve(self)
 
     @cached_property
     def late_keys(self) -> int:
-        """Keys fewer for each of the last `split_reserve` splits than for the others."""
-        return self.config.late_split_tiles * self.prefix_tile.block_n if self.split_reserve else 0
+        return hopper_plan.late_keys(self)
 
     @cached_property
     def head_blocks(self) -> tuple[int, int]:
@@ -282,21 +259,6 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def fused_tail_rows(config: VerifyConfig, rows: int, *, kv_fp8: bool, v_from_k: bool, gluon: bool) -> int:
-    """Rows past BLOCK_M that each row block of the Gluon wide kernel takes as its row tail, on the key
-    tiles it gathers anyway, instead of a second launch reading the whole prefix again (0: none).
-
-    The rows past the whole blocks are spread over all of them, at most configs.gluon_tail_max_rows
-    a block: GLM-5's 72 rows are one block of 64 + 8, 144 two of 72, 264 four of 66.
-    """
-    main = config.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon)
-    if not (gluon and main.gluon) or main.keys_major or main.block_n != 64 or rows < main.block_m:
-        return 0
-    blocks = rows // main.block_m
-    per_block = _cdiv(rows - blocks * main.block_m, blocks)
-    return per_block if per_block <= config.gluon_tail_max_rows else 0
-
-
 def prefix_launches(config: VerifyConfig, rows: int, *, kv_fp8: bool, v_from_k: bool,
                     gluon: bool = False) -> tuple[tuple[TileConfig, int, int], ...]:
     """(tile, first row, row blocks) of each prefix launch for requests of `rows` rows: the main
@@ -310,14 +272,6 @@ def prefix_launches(config: VerifyConfig, rows: int, *, kv_fp8: bool, v_from_k: 
         return ((main, 0, _cdiv(rows, main.block_m)),)
     narrow = config.narrow_for(kv_fp8=kv_fp8)
     return ((main, 0, (rows - tail) // main.block_m), (narrow, rows - tail, _cdiv(tail, narrow.block_m)))
-
-
-def gluon_supports(capability: tuple[int, int] | None, *, v_from_k: bool, d_v: int, d_rope: int) -> bool:
-    """prefix_hopper's kernel serves this call: a Hopper GPU (wgmma), a Triton that builds it, a
-    cache of any dtype (bf16/fp16, or fp8 widened in shared memory) with V read from K, D_V 512 and
-    D_R 64, compiled (not interpreted)."""
-    return (capability is not None and capability[0] == 9 and not interpreting()
-            and not prefix_hopper.unavailable_reason() and v_from_k and d_v == 512 and d_rope == 64)
 
 
 def chunked_supported(*, kv_fp8: bool, v_from_k: bool, d_v: int, d_rope: int) -> bool:

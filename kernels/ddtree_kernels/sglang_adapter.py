@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from .inputs import tensor_problem
-from .launcher import cache_layout, interpreting, plan_verify, run_verify, shared_workspace
+from .interpreter import interpreting
+from .launcher import cache_layout, plan_verify, run_verify, shared_workspace
 from .sglang.verify_stats import STATS
 from .tree import MASK_CHAIN, MASK_FULL, MASK_SGLANG_FLAT
 

@@ -108,7 +108,8 @@ def test_gluon_wide_tile_spreads_a_short_tail_over_its_blocks(heads, tokens, kv_
     those blocks, on the key tiles they gather anyway, instead of a second launch that reads the
     prefix again; each block then owns BLOCK_M + fused rows, and together they own every row."""
     from ddtree_kernels.configs import HOPPER
-    from ddtree_kernels.launcher import fused_tail_rows, prefix_launches
+    from ddtree_kernels.hopper.plan import fused_tail_rows
+    from ddtree_kernels.launcher import prefix_launches
 
     rows = heads * tokens
     assert fused_tail_rows(HOPPER, rows, kv_fp8=kv_fp8, v_from_k=True, gluon=True) == fused
@@ -134,7 +135,8 @@ def test_gluon_keys_major_tile_takes_requests_of_a_few_rows(heads, tokens, kv_fp
     keys-major tile: one launch, one block a request, no 64-row block (BLOCK_M 0) and its rows as wgmma's
     N (TAIL_N: 8, or 16 past 8 rows)."""
     from ddtree_kernels.configs import HOPPER
-    from ddtree_kernels.launcher import VerifyPlan, fused_tail_rows, prefix_launches
+    from ddtree_kernels.hopper.plan import fused_tail_rows
+    from ddtree_kernels.launcher import VerifyPlan, prefix_launches
 
     rows = heads * tokens
     narrow = HOPPER.prefix_narrow_fp8_gluon if kv_fp8 else HOPPER.prefix_narrow_gluon
@@ -159,7 +161,8 @@ def test_gluon_wide_tile_takes_17_to_63_rows_as_one_masked_block(heads, tokens, 
     tile as one block with its missing rows masked (reading the prefix once), not prefix.py's 16-row tile
     once every 16 rows (HOPPER.gluon_wide_min_rows 17); without the Gluon kernel nothing changes."""
     from ddtree_kernels.configs import HOPPER
-    from ddtree_kernels.launcher import VerifyPlan, fused_tail_rows, prefix_launches
+    from ddtree_kernels.hopper.plan import fused_tail_rows
+    from ddtree_kernels.launcher import VerifyPlan, prefix_launches
 
     rows = heads * tokens
     assert HOPPER.gluon_wide_min_rows <= rows < 64
@@ -191,7 +194,8 @@ def test_gluon_kernel_only_on_the_triton_releases_it_is_checked_on(version, runs
 
 def test_gluon_kernel_only_for_hopper_and_its_cache_layout():
     from ddtree_kernels.hopper import prefix as prefix_hopper
-    from ddtree_kernels.launcher import gluon_supports, interpreting
+    from ddtree_kernels.hopper.plan import gluon_supports
+    from ddtree_kernels.interpreter import interpreting
 
     glm5 = dict(v_from_k=True, d_v=512, d_rope=64)
     assert not gluon_supports(None, **glm5)  # no GPU

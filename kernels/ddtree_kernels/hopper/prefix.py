@@ -17,7 +17,7 @@ out of the compiler's hands:
 - With TAIL_N, each row block also takes up to TAIL_N rows past its BLOCK_M (GLM-5: 72 = 64
   + 8; 144 rows: two blocks of 72) on the same key tiles, keys-major so that its few rows
   are wgmma's N: a second launch for them would read the whole prefix again
-  (launcher.fused_tail_rows).
+  (hopper.plan.fused_tail_rows).
 - The queries' shared-memory descriptors are rebuilt in the loop (`_opaque_zero`): hoisted,
   the 72 of them spilled to local memory, and the reloads stalled every step.
 - An fp8 cache (KV_FP8) is gathered into 8-bit stages and each tile widened once into one
@@ -35,7 +35,7 @@ out of the compiler's hands:
 Same grid and partial outputs as `prefix_split_kernel` (merge.py combines them), for a
 bf16/fp16/fp8 cache whose values are the keys' first D_V columns, D_V = 512 and D_R = 64
 (GLM-5, DeepSeek). It runs on Triton 3.6-3.9 and an sm_90 GPU; the launcher falls back to
-`prefix_split_kernel` everywhere else (`launcher.gluon_supports`).
+`prefix_split_kernel` everywhere else (`hopper.plan.gluon_supports`).
 """
 
 from __future__ import annotations
