@@ -17,6 +17,7 @@ calls, or the shared-memory figure would not be the one the JIT produces.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -24,7 +25,8 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from ddtree_kernels.configs import (
     SHARED_MEMORY_LIMIT,
@@ -108,6 +110,10 @@ class FitResult:
     grid_waits: int = 0
     # Instructions sm_120 does not have (wgmma, setmaxnreg, tcgen05/TMEM), counted in the PTX.
     hopper_only: int = 0
+    # The machine code (`cuobjdump -sass`, instructions only): equal digests before and after a refactor
+    # mean the GPU runs the same code, so its measurements stand (--sass DIR writes the text).
+    sass_sha256: str = ""
+    sass: str = field(default="", repr=False)
 
     @property
     def fits(self) -> bool:
@@ -181,17 +187,20 @@ def _jobs(name: str, conf: VerifyConfig, cap: tuple[int, int], must_fit: bool) -
     return jobs
 
 
-def _resource_usage(cubin: bytes) -> tuple[int, int, int]:
+def _cuobjdump(cubin: bytes) -> tuple[int, int, int, str]:
+    """(registers, stack, local memory, SASS instructions) of a compiled kernel."""
     import triton.backends.nvidia as nvidia
 
     tool = os.path.join(os.path.dirname(nvidia.__file__), "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        cmd = [tool, "--dump-resource-usage", f.name]
-        text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    fields = dict(re.findall(r"\b(REG|STACK|LOCAL):(\d+)", text))
-    return int(fields["REG"]), int(fields["STACK"]), int(fields["LOCAL"])
+        usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    fields = dict(re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage))
+    code = "\n".join(line.strip() for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4,}\*/", line))
+    return int(fields["REG"]), int(fields["STACK"]), int(fields["LOCAL"]), code
 
 
 def compile_variant(job: tuple) -> FitResult:
@@ -216,13 +225,14 @@ def compile_variant(job: tuple) -> FitResult:
             options={"num_warps": warps, "num_stages": stages} if not kernel.startswith("hopper.") else
             {"num_warps": warps},
         )
-        regs, stack, local = _resource_usage(compiled.asm["cubin"])
+        regs, stack, local, sass = _cuobjdump(compiled.asm["cubin"])
         ptx = compiled.asm["ptx"]
         return FitResult(config_name, target_name, short, variant, compiled.metadata.shared, limit,
                          regs, stack, local, must_fit, compiled.metadata.num_warps, ctas,
                          launch_dependents=ptx.count("griddepcontrol.launch_dependents"),
                          grid_waits=ptx.count("griddepcontrol.wait"),
-                         hopper_only=sum(ptx.count(op) for op in ("wgmma.", "setmaxnreg", "tcgen05")))
+                         hopper_only=sum(ptx.count(op) for op in ("wgmma.", "setmaxnreg", "tcgen05")),
+                         sass_sha256=hashlib.sha256(sass.encode()).hexdigest(), sass=sass)
     except Exception as exc:  # a config that cannot compile must show up, not crash the report
         return FitResult(config_name, target_name, short, variant, 0, limit, 0, 0, 0, must_fit, warps, ctas,
                          error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -242,10 +252,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--sass", metavar="DIR", type=Path,
+                        help="also write each launch's SASS to DIR (diff two such folders to see whether a change "
+                             "alters the machine code)")
     args = parser.parse_args(argv)
     results = check_all(args.workers)
+    if args.sass:
+        args.sass.mkdir(parents=True, exist_ok=True)
+        for r in results:
+            name = re.sub(r"[^A-Za-z0-9_.=-]+", "_", f"{r.config}-{r.target}-{r.kernel}-{r.variant}")
+            (args.sass / f"{name}.sass").write_text(r.sass + "\n")
+        print(f"SASS of {len(results)} launches in {args.sass}", file=sys.stderr)
     if args.json:
-        print(json.dumps([asdict(r) | {"fits": r.fits, "resident_ctas": r.resident_ctas} for r in results], indent=1))
+        print(json.dumps([{k: v for k, v in asdict(r).items() if k != "sass"}
+                          | {"fits": r.fits, "resident_ctas": r.resident_ctas} for r in results], indent=1))
     else:
         print(f"{'config':10} {'target':7} {'kernel':7} {'variant':26} {'shared':>8} {'limit':>8} {'regs':>5} "
               f"{'stack':>5} {'local':>5} {'ctas/SM':>7}  verdict")

@@ -112,3 +112,15 @@ def test_prefix_tiles_declare_the_occupancy_they_compile_to(fit_report):
             f"{r['config']} {r['target']} {r['variant']}: declares {r['declared_ctas_per_sm']} programs an SM, "
             f"compiles to {r['resident_ctas']} ({r['registers']} registers, {r['shared']} B shared)"
         )
+
+
+def test_each_launch_reports_its_machine_code(fit_report):
+    """The SASS digest that tells a refactor which changed the code the GPU runs from one that did not
+    (`python -m ddtree_tools.fit --sass DIR` writes the text to diff)."""
+    import re
+
+    compiled = [r for r in fit_report if not r["error"]]
+    assert compiled and all(re.fullmatch(r"[0-9a-f]{64}", r["sass_sha256"]) for r in compiled)
+    trees = {r["variant"]: r["sass_sha256"] for r in compiled
+             if (r["config"], r["target"], r["kernel"]) == ("sm120", "sm_120", "tree")}
+    assert len(trees) == 3 and len(set(trees.values())) == 3  # each mask layout is its own program
