@@ -83,6 +83,11 @@ class Launch:
         text = " ".join(f"{k} {shown[k]}" for k in _SHOWN if k in shown)
         return f"{rows}{text}{' keys-major' if shown.get('KEYS_MAJOR') else ''}{f' {self.note}' if self.note else ''}"
 
+    @cached_property
+    def kwargs(self) -> dict[str, object]:
+        """The constexprs as keyword arguments (built once: run_verify passes them on every call)."""
+        return dict(self.constexprs)
+
     def __str__(self) -> str:
         resident = f", {self.ctas_per_sm} an SM" if self.ctas_per_sm else ""
         return (f"{self.kernel:42} grid {self.grid!s:15} {self.tile}, {self.num_warps} warps, "
@@ -501,7 +506,7 @@ def run_verify(
         options = dict(num_warps=launch.num_warps, launch_pdl=plan.pdl and name != "tree_block_kernel")
         if not name.startswith("hopper."):
             options["num_stages"] = launch.num_stages
-        KERNELS[name][launch.grid](*args, **dict(launch.constexprs), **{k: call[k] for k in CALL_CONSTEXPRS[name]},
+        KERNELS[name][launch.grid](*args, **launch.kwargs, **{k: call[k] for k in CALL_CONSTEXPRS[name]},
                                    **options)
 
 

@@ -170,13 +170,12 @@ def _jobs(name: str, conf: VerifyConfig, cap: tuple[int, int], must_fit: bool) -
         kv = "fp8e4nv" if plan.kv_fp8 else "bf16"
         for launch in plan.launches():
             short, sig, calls = _KERNELS[launch.kernel]
-            v_from_k = plan.v_from_k if launch.kernel != "prefix_chunked_kernel" else True
             # The head count only changes index arithmetic: compile every launch at GLM-5's 8.
             const = dict(launch.constexprs) | {"H": 8}
             if launch.kernel.startswith("hopper."):
                 const["num_warps"] = launch.num_warps  # Gluon kernels lay out for it at trace time
             for call in calls:
-                variant = _variant(launch, kv if short.startswith("prefix") else "bf16", v_from_k, call)
+                variant = _variant(launch, kv if short.startswith("prefix") else "bf16", plan.v_from_k, call)
                 key = (launch.kernel, variant, tuple((const | call).items()), launch.num_warps, launch.num_stages)
                 if key in seen:
                     continue

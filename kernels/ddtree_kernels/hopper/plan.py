@@ -3,6 +3,7 @@ and which splits start late behind the tree kernel. `launcher.VerifyPlan` asks t
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from ..configs import VerifyConfig
@@ -11,10 +12,6 @@ from . import prefix as prefix_hopper
 
 if TYPE_CHECKING:
     from ..launcher import VerifyPlan
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def gluon_supports(capability: tuple[int, int] | None, *, v_from_k: bool, d_v: int, d_rope: int) -> bool:
@@ -36,7 +33,7 @@ def fused_tail_rows(config: VerifyConfig, rows: int, *, kv_fp8: bool, v_from_k: 
     if not (gluon and main.gluon) or main.keys_major or main.block_n != 64 or rows < main.block_m:
         return 0
     blocks = rows // main.block_m
-    per_block = _cdiv(rows - blocks * main.block_m, blocks)
+    per_block = math.ceil((rows - blocks * main.block_m) / blocks)
     return per_block if per_block <= config.gluon_tail_max_rows else 0
 
 
@@ -68,7 +65,7 @@ def split_reserve(plan: VerifyPlan) -> int:
     `late_keys` keys fewer each (`prefix_hopper._program_work`). Where the warp-specialized tile runs with
     PDL, at most 1/8 of the splits (else 0). Timings: the tuning log, sessions 13 and 15."""
     tree_programs = plan.row_blocks(plan.config.tree.block_m) * plan.batch_size
-    late = _cdiv(tree_programs, plan.prefix_launches()[0][2])  # the prefix programs of a split: its row blocks
+    late = math.ceil(tree_programs / plan.prefix_launches()[0][2])  # the prefix programs of a split: its row blocks
     return late if plan.pdl and plan.tail_partition and late * 8 <= plan.num_splits else 0
 
 
