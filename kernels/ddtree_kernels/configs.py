@@ -35,13 +35,19 @@ class TileConfig:
     # feeding two differently laid out operands is loaded synchronously by Triton's pipeliner).
     keys_major: bool = False
     # The wide Hopper tile written in Gluon (hopper/prefix.py) instead of prefix.py's: taken on sm_90
-    # where the installed Triton runs it (hopper.prefix.TESTED_TRITON) and V is read from K, D_V 512,
+    # where the installed Triton runs it (gluon_shared.TESTED_TRITON) and V is read from K, D_V 512,
     # D_R 64; prefix.py's kernel runs the same bf16 tile everywhere else (for fp8:
     # VerifyConfig.prefix_wide_fp8_gluon, with prefix_wide_fp8 everywhere else).
     gluon: bool = False
     # Prefix tiles with values read from the key rows: prefix_chunked.py's kernel, the scores as four
     # independent MMA chains instead of one down the whole latent (for GPUs without wgmma).
     chunked: bool = False
+    # Prefix tiles for a 16-bit cache with values read from the key rows: prefix_mma_v2.py's Gluon kernel
+    # (mma.sync, the latent split across the warps), where it runs (prefix_mma_v2.supports). Elsewhere
+    # (the interpreter, an untested Triton, another cache) `fallback` takes its launches: same rows a
+    # program and programs an SM, so the plan's splits and row blocks hold for both.
+    mma_v2: bool = False
+    fallback: TileConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -142,13 +148,16 @@ class VerifyConfig:
 
 
 # sm_120: 99 KB of shared memory a block and ~100 KB an SM, so each prefix tile is one program an
-# SM (fit report). A 16-bit cache takes prefix_chunked.py's 16 x 64 tile (94 KB): one program an SM
-# is bound by its warps' instruction stream, and four short score chains keep the MMAs busy where
-# one long one waits. fp8 tiles widen in registers (8 warps to stay spill-free) and score
-# keys-major; fp8 requests of 64+ rows take 32-row tiles. Why each choice, with timings:
-# kernels/results/sweep-h200.log (sessions 5, 6, 17, 18).
+# SM (fit report). A 16-bit cache takes prefix_mma_v2.py's Gluon tile (16 rows x 32 keys, 8 warps,
+# two cp.async stages, 90 KB): eight warps split the latent, so one program keeps two warps a
+# scheduler where `tl.dot`'s tile kept one. Without Gluon it falls back to prefix_chunked.py's 16 x 64
+# tile (94 KB), whose four short score chains keep the MMAs busy where one long one waits. fp8 tiles
+# widen in registers (8 warps to stay spill-free) and score keys-major; fp8 requests of 64+ rows take
+# 32-row tiles. Why each choice, with timings: kernels/results/sweep-h200.log (sessions 5, 6, 17-19).
 SM120 = VerifyConfig(
-    prefix=TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=1, chunked=True),
+    prefix=TileConfig(block_m=16, block_n=32, num_warps=8, num_stages=2, ctas_per_sm=1, mma_v2=True,
+                      fallback=TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=1,
+                                          chunked=True)),
     prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=8, num_stages=3, ctas_per_sm=1, keys_major=True),
     prefix_split_v=TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=2, ctas_per_sm=1),
     prefix_wide_fp8=TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=3, ctas_per_sm=1, keys_major=True),

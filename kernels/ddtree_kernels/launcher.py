@@ -17,6 +17,7 @@ from functools import cache, cached_property, lru_cache
 import torch
 import triton
 
+from . import prefix_mma_v2
 from .configs import TileConfig, VerifyConfig, config_for, config_name
 from .hopper import plan as hopper_plan
 from .hopper import prefix as prefix_hopper
@@ -98,18 +99,22 @@ KERNELS = {
     "tree_block_kernel": tree_block_kernel,
     "prefix_split_kernel": prefix_split_kernel,
     "prefix_chunked_kernel": prefix_chunked_kernel,
-    # Defined where the installed Triton builds Gluon kernels (prefix_hopper.unavailable_reason); plans
+    "prefix_mma_v2_kernel": getattr(prefix_mma_v2, "prefix_mma_v2_kernel", None),
+    # Defined where the installed Triton builds Gluon kernels (gluon_shared.unavailable_reason); plans
     # elsewhere never launch them.
     "hopper.prefix.prefix_wide_hopper_kernel": getattr(prefix_hopper, "prefix_wide_hopper_kernel", None),
     "hopper.prefix_ws.prefix_wide_ws_kernel": getattr(prefix_hopper_ws, "prefix_wide_ws_kernel", None),
     "merge_parts_kernel": merge_parts_kernel,
 }
+# Kernels written in Gluon: laid out for num_warps at trace time, pipelined by their own code.
+GLUON_KERNELS = frozenset(name for name in KERNELS if name.startswith("hopper.") or name == "prefix_mma_v2_kernel")
 # Constexprs each call supplies (not the plan): the tree's mask layout, a scale passed as a float or a
 # device tensor, fp32 dots under the interpreter, whether the merge also writes the LSE.
 CALL_CONSTEXPRS = {
     "tree_block_kernel": ("MASK_MODE", "DOT_FP32"),
     "prefix_split_kernel": ("SCALE_FROM_PTR", "DOT_FP32"),
     "prefix_chunked_kernel": ("SCALE_FROM_PTR", "DOT_FP32"),
+    "prefix_mma_v2_kernel": ("SCALE_FROM_PTR",),
     "hopper.prefix.prefix_wide_hopper_kernel": ("SCALE_FROM_PTR",),
     "hopper.prefix_ws.prefix_wide_ws_kernel": ("SCALE_FROM_PTR",),
     "merge_parts_kernel": ("STORE_LSE",),
@@ -213,6 +218,8 @@ class VerifyPlan:
                       _items(padded, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, USE_PDL=pdl),
                       tc.num_warps, tc.num_stages, 0)]
         for tile, row_base, row_blocks in self.prefix_launches():
+            if tile.mma_v2 and tile.fallback is not None and not self.mma_v2(tile):
+                tile = tile.fallback
             grid = (row_blocks, self.num_splits, self.batch_size)
             if tile.gluon and self.gluon:
                 block_m, tail_n, _ = self.gluon_rows
@@ -223,6 +230,11 @@ class VerifyPlan:
                                          TAIL_N=tail_n, KV_FP8=self.kv_fp8, USE_PDL=pdl),
                                   prefix_hopper_ws.KERNEL_WARPS if ws else tile.num_warps, tile.num_stages,
                                   tile.ctas_per_sm, row_base, "(wgmma)"))
+            elif self.mma_v2(tile):
+                out.append(Launch("prefix_mma_v2_kernel", grid,
+                                  _items(dims, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, USE_PDL=pdl),
+                                  tile.num_warps, tile.num_stages, tile.ctas_per_sm, row_base,
+                                  "(Gluon mma.sync, latent split)"))
             elif self.chunked(tile):
                 out.append(Launch("prefix_chunked_kernel", grid,
                                   _items(dims, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, PREFETCH_L2=prefetch,
@@ -240,6 +252,11 @@ class VerifyPlan:
                           _items(dict(H=self.num_heads, D_V=self.d_v), BLOCK_D=block_d, BLOCK_S=block_s, USE_PDL=pdl),
                           conf.merge_num_warps, 1, 0))
         return tuple(out)
+
+    def mma_v2(self, tile: TileConfig) -> bool:
+        """This prefix tile runs prefix_mma_v2_kernel (TileConfig.mma_v2, where it applies)."""
+        return tile.mma_v2 and not interpreting() and prefix_mma_v2.supports(
+            kv_fp8=self.kv_fp8, v_from_k=self.v_from_k, d_v=self.d_v, d_rope=self.d_rope)
 
     def chunked(self, tile: TileConfig) -> bool:
         """This prefix tile runs prefix_chunked_kernel (TileConfig.chunked, where it applies)."""
@@ -492,7 +509,7 @@ def run_verify(
         elif name == "prefix_split_kernel":
             args = (q, k_buf, v_buf, kv_indices, *prefix_common, launch.row_base,
                     q.stride(0), q.stride(1), k_buf.stride(0), v_buf.stride(0), *part_strides)
-        elif name == "prefix_chunked_kernel":
+        elif name in ("prefix_chunked_kernel", "prefix_mma_v2_kernel"):
             args = (q, k_buf, kv_indices, *prefix_common, launch.row_base,
                     q.stride(0), q.stride(1), k_buf.stride(0), *part_strides)
         elif name.startswith("hopper."):
@@ -504,7 +521,7 @@ def run_verify(
                     lse_out.stride(0) if lse_out is not None else 0)
         # Gluon kernels pipeline by their NUM_STAGES constexpr; the tree kernel never waits on a grid.
         options = dict(num_warps=launch.num_warps, launch_pdl=plan.pdl and name != "tree_block_kernel")
-        if not name.startswith("hopper."):
+        if name not in GLUON_KERNELS:
             options["num_stages"] = launch.num_stages
         KERNELS[name][launch.grid](*args, **launch.kwargs, **{k: call[k] for k in CALL_CONSTEXPRS[name]},
                                    **options)

@@ -17,13 +17,15 @@ for compute capability 12.0 (its configuration, tiles and programs an SM; grids 
 GPU's SMs), DISABLE_MMA_V3=1 makes Triton lower every dot to mma.sync as on sm_120 (checked in the
 compiled PTX: the run stops if a wgmma appears), and the floor's compute ceiling is a Triton bf16
 GEMM under the same setting. Each case then gets a labelled projection to the RTX PRO 6000 (model:
-`projection`). What emulation cannot show: sm_120 has 3.4x less DRAM bandwidth per SM than the
-H200, 2.5x its L2 (128 MB), and less shared memory an SM.
+`projection`). Every kernel loaded after the ceilings runs with sm_120's 100 KB of shared memory an
+SM (the driver's carveout, `cap_shared_memory`), so no more programs share an SM than fit there. What
+emulation cannot show: sm_120 has 3.4x less DRAM bandwidth per SM than the H200, 2.5x its L2 (128 MB).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -38,6 +40,7 @@ import triton
 import triton.language as tl
 
 from ddtree_kernels import masks, reference
+from ddtree_kernels.configs import SHARED_MEMORY_PER_SM
 from ddtree_kernels.launcher import Workspace, emulate_capability, plan_verify, run_verify
 from ddtree_kernels.tree import MASK_COMPACT
 
@@ -176,8 +179,29 @@ def enable_emulation(name: str, device: str) -> dict:
         raise SystemExit(f"sm_120 emulation needs mma.sync, but Triton emitted {bf16_mma!r} with DISABLE_MMA_V3=1: "
                          "set it in the environment before Python starts and clear ~/.triton/cache")
     fp8, fp8_mma = triton_gemm_ceiling(torch.float8_e4m3fn, device)
+    shared = cap_shared_memory(SHARED_MEMORY_PER_SM[EMULATIONS[name]], device)
     return {"emulate": name, "mma_tflops": bf16, "mma_instruction": bf16_mma, "fp8_mma_tflops": fp8,
-            "fp8_mma_instruction": fp8_mma}
+            "fp8_mma_instruction": fp8_mma, "shared_memory_per_sm": shared}
+
+
+_CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+
+
+def cap_shared_memory(per_sm: int, device: str) -> int:
+    """From now on every kernel Triton loads prefers a shared-memory carveout of at most `per_sm` bytes an
+    SM (the driver takes the smallest supported size that holds it: 100 KB on an H200 for sm_120's
+    102,400), so an SM holds no more of its programs than the emulated GPU would. Returns the bytes asked."""
+    total = torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor
+    percent = per_sm * 100 // total
+    libcuda = ctypes.CDLL("libcuda.so.1")
+
+    def carveout(module, function, *_) -> None:
+        err = libcuda.cuFuncSetAttribute(ctypes.c_void_p(function), _CARVEOUT, ctypes.c_int(percent))
+        if err:
+            raise RuntimeError(f"cuFuncSetAttribute(shared-memory carveout {percent}%) failed: CUresult {err}")
+
+    triton.knobs.runtime.kernel_load_end_hook.add(carveout)
+    return per_sm
 
 
 def projection(case: Case, measured_us: float, mma_tflops: float) -> float:

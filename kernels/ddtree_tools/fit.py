@@ -17,6 +17,7 @@ calls, or the shared-memory figure would not be the one the JIT produces.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -35,7 +36,7 @@ from ddtree_kernels.configs import (
     VerifyConfig,
     capabilities_choosing,
 )
-from ddtree_kernels.launcher import KERNELS, Launch, plan_verify
+from ddtree_kernels.launcher import GLUON_KERNELS, KERNELS, Launch, plan_verify
 
 TARGETS = ((12, 0), (9, 0))
 
@@ -71,6 +72,7 @@ _KERNELS = {
     "tree_block_kernel": ("tree", _TREE_SIG, [dict(MASK_MODE=m, DOT_FP32=False) for m in (1, 0, 2)]),
     "prefix_split_kernel": ("prefix", _PREFIX_SIG, [dict(SCALE_FROM_PTR=False, DOT_FP32=False)]),
     "prefix_chunked_kernel": ("prefix_chunked", _CHUNKED_SIG, [dict(SCALE_FROM_PTR=False, DOT_FP32=False)]),
+    "prefix_mma_v2_kernel": ("prefix_mma_v2", _CHUNKED_SIG, [dict(SCALE_FROM_PTR=False)]),
     "hopper.prefix.prefix_wide_hopper_kernel": ("prefix_gluon", _GLUON_SIG, [dict(SCALE_FROM_PTR=False)]),
     "hopper.prefix_ws.prefix_wide_ws_kernel": ("prefix_gluon_ws", _GLUON_SIG, [dict(SCALE_FROM_PTR=False)]),
     "merge_parts_kernel": ("merge", _MERGE_SIG, [dict(STORE_LSE=True)]),
@@ -160,10 +162,12 @@ def _variant(launch: Launch, kv: str, v_from_k: bool, call: dict) -> str:
 
 
 def _jobs(name: str, conf: VerifyConfig, cap: tuple[int, int], must_fit: bool) -> list[tuple]:
-    """One compile job for each distinct launch of `conf`'s plans on `cap` (VerifyPlan.launches)."""
-    plans = [plan_verify(1, heads, draft, draft, "cpu", config=conf, kv_fp8=fp8, v_from_k=v_from_k,
+    """One compile job for each distinct launch of `conf`'s plans on `cap` (VerifyPlan.launches), and of
+    its 16-bit tile's fallback (what a Triton without the Gluon kernel runs)."""
+    confs = [conf] + ([dataclasses.replace(conf, prefix=conf.prefix.fallback)] if conf.prefix.fallback else [])
+    plans = [plan_verify(1, heads, draft, draft, "cpu", config=c, kv_fp8=fp8, v_from_k=v_from_k,
                          gpu=(cap, _TARGET_SMS[cap]))
-             for heads, draft in _SHAPES for fp8 in (False, True) for v_from_k in (True, False)]
+             for c in confs for heads, draft in _SHAPES for fp8 in (False, True) for v_from_k in (True, False)]
     plans.append(plan_verify(1, 8, 9, 9, "cpu", config=conf, num_splits=conf.max_splits, gpu=(cap, _TARGET_SMS[cap])))
     jobs, seen = [], set()
     for plan in plans:
@@ -172,7 +176,7 @@ def _jobs(name: str, conf: VerifyConfig, cap: tuple[int, int], must_fit: bool) -
             short, sig, calls = _KERNELS[launch.kernel]
             # The head count only changes index arithmetic: compile every launch at GLM-5's 8.
             const = dict(launch.constexprs) | {"H": 8}
-            if launch.kernel.startswith("hopper."):
+            if launch.kernel in GLUON_KERNELS:
                 const["num_warps"] = launch.num_warps  # Gluon kernels lay out for it at trace time
             for call in calls:
                 variant = _variant(launch, kv if short.startswith("prefix") else "bf16", plan.v_from_k, call)
@@ -215,13 +219,13 @@ def compile_variant(job: tuple) -> FitResult:
     target_name = f"sm_{cap[0]}{cap[1]}"
     full_sig = {name: sig.get(name, "constexpr") for name in fn.arg_names}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in sig if a in _ALIGNED}
-    if kernel.startswith("hopper."):
+    if kernel in GLUON_KERNELS:
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     try:
         compiled = triton.compile(
             ASTSource(fn, full_sig, const, attrs),
             target=GPUTarget("cuda", cap[0] * 10 + cap[1], 32),
-            options={"num_warps": warps, "num_stages": stages} if not kernel.startswith("hopper.") else
+            options={"num_warps": warps, "num_stages": stages} if kernel not in GLUON_KERNELS else
             {"num_warps": warps},
         )
         regs, stack, local, sass = _cuobjdump(compiled.asm["cubin"])

@@ -10,7 +10,8 @@
 A tile is BLOCK_M x BLOCK_N x warps x stages [x programs resident per SM, default 2: it sets
 the split count [x 1: keys-major scores with the values gathered apart (TileConfig.keys_major)
 [x 1: a wide tile run by prefix_hopper's Gluon kernel (TileConfig.gluon) [x 1: prefix_chunked.py's
-kernel (TileConfig.chunked)]]]]; --emulate sm120 times sm_120's
+kernel (TileConfig.chunked) [x 1: prefix_mma_v2.py's Gluon kernel (TileConfig.mma_v2)]]]]]];
+--emulate sm120 times sm_120's
 kernel path on this GPU (bench.py's emulation);
 a case is bs,L,H,n; a merge is a budget of output columns x parts per program (the launcher
 trades columns for parts); --wide adds a tile for requests of at least its rows,
@@ -76,7 +77,7 @@ def _tile(text: str) -> TileConfig:
 def _label(tile: TileConfig) -> str:
     return (f"{tile.block_m}x{tile.block_n}x{tile.num_warps}x{tile.num_stages}x{tile.ctas_per_sm}"
             f"{' keys-major' if tile.keys_major else ''}{' gluon' if tile.gluon else ''}"
-            f"{' chunked' if tile.chunked else ''}")
+            f"{' chunked' if tile.chunked else ''}{' mma_v2' if tile.mma_v2 else ''}")
 
 
 def _merge(text: str) -> tuple[int, int]:
@@ -87,7 +88,7 @@ def _merge(text: str) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tile", action="append", type=_tile, required=True,
-                    help="MxNxWARPSxSTAGES[xCTAS_PER_SM[xKEYS_MAJOR[xGLUON[xCHUNKED]]]]")
+                    help="MxNxWARPSxSTAGES[xCTAS_PER_SM[xKEYS_MAJOR[xGLUON[xCHUNKED[xMMA_V2]]]]]")
     ap.add_argument("--emulate", choices=sorted(EMULATIONS), help="time another GPU's kernel path here (sm120)")
     ap.add_argument("--case", action="append", required=True, help="bs,L,H,n")
     ap.add_argument("--fp8", action="store_true", help="fp8_e4m3 KV cache")

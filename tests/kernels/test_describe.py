@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
+
+from ddtree_kernels import launcher, prefix_mma_v2
 from ddtree_kernels.describe import GPUS, describe, main
 from ddtree_kernels.launcher import plan_verify
 
@@ -12,14 +15,46 @@ def _plan(heads: int, draft: int, gpu: str, **kw):
     return plan_verify(kw.pop("bs", 1), heads, draft, draft, "cpu", gpu=GPUS[gpu], **kw)
 
 
-def test_sm120_runs_only_the_portable_triton_kernels():
+@pytest.fixture
+def compiled(monkeypatch):
+    """Plan as on a GPU, not under the interpreter (this session may be interpreting): the sm_120 Gluon
+    tile is then chosen wherever the installed Triton builds it."""
+    monkeypatch.setattr(launcher, "interpreting", lambda: False)
+    plan_verify.cache_clear()
+    yield
+    plan_verify.cache_clear()
+
+
+@pytest.mark.parametrize("gluon", [True, False], ids=["gluon-triton", "other-triton"])
+def test_sm120_runs_no_hopper_kernel(compiled, monkeypatch, gluon):
+    """sm_120 plans launch no wgmma kernel: a 16-bit cache takes prefix_mma_v2's Gluon tile (mma.sync) where
+    this Triton builds it, and its fallback, the chunked tl.dot tile, where it does not; fp8 the keys-major tiles."""
+    if gluon and prefix_mma_v2.unavailable_reason():
+        pytest.skip(f"this Triton does not build the Gluon tile: {prefix_mma_v2.unavailable_reason()}")
+    if not gluon:
+        monkeypatch.setattr(prefix_mma_v2, "unavailable_reason", lambda: "an untested Triton")
+    sixteen_bit = "prefix_mma_v2_kernel" if gluon else "prefix_chunked_kernel"
     for heads, draft, fp8 in [(8, 9, False), (8, 9, True), (16, 33, False), (8, 1, True), (64, 9, False)]:
         plan = _plan(heads, draft, "sm120", kv_fp8=fp8)
         kernels = [launch.kernel for launch in plan.launches()]
         assert kernels[0] == "tree_block_kernel" and kernels[-1] == "merge_parts_kernel"
-        # no Gluon, no wgmma: the chunked tile for a 16-bit cache, the keys-major tiles for fp8
-        assert set(kernels[1:-1]) == {"prefix_split_kernel" if fp8 else "prefix_chunked_kernel"}, kernels
+        assert set(kernels[1:-1]) == {"prefix_split_kernel" if fp8 else sixteen_bit}, kernels
         assert not plan.gluon and all(launch.ctas_per_sm == 1 for launch in plan.launches()[1:-1])
+
+
+def test_sm120_gluon_tile_and_its_fallback_share_the_plan(compiled, monkeypatch):
+    """The Gluon tile and the chunked tile it falls back to own 16 rows a program, one program an SM: the
+    same splits and row blocks, so only the kernel and its tile differ."""
+    if prefix_mma_v2.unavailable_reason():
+        pytest.skip(f"this Triton does not build the Gluon tile: {prefix_mma_v2.unavailable_reason()}")
+    (gluon,) = _plan(8, 9, "sm120").launches()[1:-1]
+    monkeypatch.setattr(prefix_mma_v2, "unavailable_reason", lambda: "an untested Triton")
+    plan_verify.cache_clear()
+    (fallback,) = _plan(8, 9, "sm120").launches()[1:-1]
+    assert (gluon.kernel, fallback.kernel) == ("prefix_mma_v2_kernel", "prefix_chunked_kernel")
+    assert gluon.grid == fallback.grid and gluon.grid[0] == 5  # GLM-5's 72 rows: five 16-row blocks
+    assert (dict(gluon.constexprs)["BLOCK_N"], gluon.num_warps) == (32, 8)
+    assert (dict(fallback.constexprs)["BLOCK_N"], fallback.num_warps) == (64, 4)
     # grids are sized for the GPU planned for: the RTX PRO 6000's 188 SMs, not the machine's
     assert _plan(8, 9, "sm120").num_splits != plan_verify(1, 8, 9, 9, "cpu", gpu=((12, 0), 132)).num_splits
 
@@ -31,13 +66,17 @@ def test_separate_values_on_sm120_fall_back_to_the_split_kernel():
 
 
 def test_glm5_on_sm120_reads_the_prefix_once_per_16_row_block():
-    (prefix,) = [launch for launch in _plan(8, 9, "sm120").launches() if launch.kernel == "prefix_chunked_kernel"]
+    (prefix,) = _plan(8, 9, "sm120").launches()[1:-1]
     assert prefix.grid[0] == 5 and "BLOCK_M 16" in prefix.tile  # 72 rows: five reads of each key tile
 
 
-def test_launch_constexprs_are_what_the_kernel_is_compiled_with():
+@pytest.mark.parametrize("interpreted", [True, False])
+def test_launch_constexprs_are_what_the_kernel_is_compiled_with(monkeypatch, interpreted):
     """run_verify passes Launch.constexprs plus the call's own (launcher.CALL_CONSTEXPRS): together they
-    must name every constexpr parameter of the kernel, so fit compiles exactly what runs."""
+    must name every constexpr parameter of the kernel, so fit compiles exactly what runs (planned as
+    under the interpreter, and as on a GPU, where sm_120's Gluon tile is chosen)."""
+    monkeypatch.setattr(launcher, "interpreting", lambda: interpreted)
+    plan_verify.cache_clear()
     from ddtree_kernels.launcher import CALL_CONSTEXPRS, KERNELS
 
     for gpu, fp8, v_from_k in [("sm120", False, True), ("sm120", True, True), ("sm120", False, False),

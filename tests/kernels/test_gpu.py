@@ -60,7 +60,7 @@ def _path(plan) -> str:
     """Which prefix kernel a plan runs, from its launches (VerifyPlan.launches)."""
     prefix = plan.launches()[1:-1]
     kernels = {launch.kernel for launch in prefix}
-    if kernels <= {"prefix_split_kernel", "prefix_chunked_kernel"}:
+    if kernels <= {"prefix_split_kernel", "prefix_chunked_kernel", "prefix_mma_v2_kernel"}:
         return "triton"
     if "hopper.prefix_ws.prefix_wide_ws_kernel" in kernels:
         return "ws"

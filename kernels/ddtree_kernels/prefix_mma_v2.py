@@ -1,0 +1,236 @@
+"""sm_120's prefix tile, written in Gluon on mma.sync: the latent split across warps.
+
+On sm_120 one program fills an SM (a 64-key tile of 576-wide rows is 72 KB of its 99 KB), so
+`prefix_chunked_kernel`'s four warps are one a scheduler, and its `tl.dot` tile waits for every
+key tile it gathers (one buffer: the next gather starts when the tile is used up) and re-reads
+the queries from shared memory each step. Here 8 (or 16) warps share each key tile, and none of
+them repeats another's work:
+
+- The warps form SLICES x PARTS. Warp (b, h) owns a quarter of the latent, value columns
+  128b .. 128b + 128 and rope columns 16b .. 16b + 16, whose queries stay in its registers for the
+  whole loop. It scores part h of the key tile against them (a partial score, as three
+  independent mma.sync chains: two value halves and the rope) and accumulates its 128 / PARTS of
+  the slice's value columns.
+- The SLICES partial scores are summed through shared memory (8 KB a tile); the softmax runs on
+  the sum, a row per warp or two, and P goes back through shared memory, once for each slice.
+- The key tile is gathered by cp.async, chunk-major ([SLICES, BLOCK_N, 128] values and
+  [SLICES, BLOCK_N, 16] rope), into two stages: the next tile lands while this one is used.
+
+Same grid, partial outputs and LSEs as `prefix_split_kernel` (merge.py combines them), for a
+16-bit cache whose values are the keys' first D_V = 512 columns, D_R = 64. It runs where
+`gluon_shared.unavailable_reason()` is empty (Triton 3.6-3.9); the launcher falls back to the
+tile's `fallback` (prefix_chunked_kernel) everywhere else, the interpreter included.
+"""
+
+from __future__ import annotations
+
+from .gluon_shared import _GLUON_ERROR, unavailable_reason
+
+if not _GLUON_ERROR:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+
+    from .gluon_shared import (
+        _async_gather,
+        _cta_barrier,
+        _dequant_scales,
+        _grid_dependency,
+        _program_work,
+        _raise_running_max,
+    )
+
+    SLICES = gl.constexpr(4)  # latent slices, one a group of warps
+
+
+def supports(*, kv_fp8: bool, v_from_k: bool, d_v: int, d_rope: int) -> bool:
+    """The kernel serves this cache with the installed Triton (gluon_shared.unavailable_reason): 16-bit,
+    values read from the key rows, D_V 512 and D_R 64 (GLM-5, DeepSeek)."""
+    return not unavailable_reason() and not kv_fp8 and v_from_k and d_v == 512 and d_rope == 64
+
+
+if not _GLUON_ERROR:
+
+    @gluon.jit
+    def _slots(kv_indices, kv_base, start, hi, BLOCK_N: gl.constexpr, G_NOPE: gl.constexpr, G_ROPE: gl.constexpr):
+        """Cache slots of keys start .. start + BLOCK_N (0 from hi on), in the key layouts of both gathers.
+        Loaded a tile before their gather, so that it does not wait on them."""
+        offs = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, gl.SliceLayout(2, G_NOPE)))
+        offs_r = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, gl.SliceLayout(2, G_ROPE)))
+        return (gl.load(kv_indices + kv_base + offs, mask=offs < hi, other=0).to(gl.int32),
+                gl.load(kv_indices + kv_base + offs_r, mask=offs_r < hi, other=0).to(gl.int32))
+
+    @gluon.jit
+    def _gather(n_dst, r_dst, K_buf, slot, slot_r, start, hi, stride_ks,
+                D_V: gl.constexpr, BLOCK_N: gl.constexpr, G_NOPE: gl.constexpr, G_ROPE: gl.constexpr):
+        """cp.async keys start .. start + BLOCK_N (at `slot`, `slot_r`; zeros from hi on) into one stage,
+        chunk-major: n_dst[b, n] = values 128b .. 128b + 128 of key n, r_dst[b, n] = its rope columns
+        16b .. 16b + 16. One commit group."""
+        NW: gl.constexpr = D_V // SLICES
+        offs = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, gl.SliceLayout(2, G_NOPE)))
+        b = gl.arange(0, SLICES, layout=gl.SliceLayout(1, gl.SliceLayout(2, G_NOPE)))
+        c = gl.arange(0, NW, layout=gl.SliceLayout(0, gl.SliceLayout(1, G_NOPE)))
+        row = gl.expand_dims(gl.expand_dims(slot.to(gl.int64) * stride_ks, 0), 2)
+        col = gl.expand_dims(gl.expand_dims(b * NW, 1), 2) + gl.expand_dims(gl.expand_dims(c, 0), 1)
+        _async_gather(n_dst, K_buf + row + col, mask=gl.expand_dims(gl.expand_dims(offs < hi, 0), 2))
+
+        RW: gl.constexpr = r_dst.shape[2]
+        offs_r = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, gl.SliceLayout(2, G_ROPE)))
+        b_r = gl.arange(0, SLICES, layout=gl.SliceLayout(1, gl.SliceLayout(2, G_ROPE)))
+        c_r = gl.arange(0, RW, layout=gl.SliceLayout(0, gl.SliceLayout(1, G_ROPE)))
+        row_r = gl.expand_dims(gl.expand_dims(slot_r.to(gl.int64) * stride_ks, 0), 2)
+        col_r = D_V + gl.expand_dims(gl.expand_dims(b_r * RW, 1), 2) + gl.expand_dims(gl.expand_dims(c_r, 0), 1)
+        _async_gather(r_dst, K_buf + row_r + col_r, mask=gl.expand_dims(gl.expand_dims(offs_r < hi, 0), 2))
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, COL0: gl.constexpr, STRIDE: gl.constexpr,
+                 NW: gl.constexpr, ROWS: gl.constexpr, H: gl.constexpr, LAYOUT: gl.constexpr):
+        """Query rows first_row .. first_row + ROWS (zeros from row_end on) as [SLICES, ROWS, NW]: slice b holds
+        columns COL0 + STRIDE b .. COL0 + STRIDE b + NW."""
+        b = gl.arange(0, SLICES, layout=gl.SliceLayout(1, gl.SliceLayout(2, LAYOUT)))
+        r = first_row + gl.arange(0, ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, LAYOUT)))
+        c = gl.arange(0, NW, layout=gl.SliceLayout(0, gl.SliceLayout(1, LAYOUT)))
+        row = (q_start + r // H).to(gl.int64) * stride_qt + (r % H) * stride_qh
+        ptrs = (Q + COL0 + gl.expand_dims(gl.expand_dims(row, 0), 2) + gl.expand_dims(gl.expand_dims(b * STRIDE, 1), 2)
+                + gl.expand_dims(gl.expand_dims(c, 0), 1))
+        return gl.load(ptrs, mask=gl.expand_dims(gl.expand_dims(r < row_end, 0), 2), other=0.0)
+
+    @gluon.jit
+    def _attend(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale,
+                q_start, row_end, kv_base, lo, hi, first_row, split,
+                stride_qt, stride_qh, stride_ks, stride_or, stride_op, stride_lr,
+                H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr):
+        NW: gl.constexpr = D_V // SLICES  # value columns a slice
+        RW: gl.constexpr = D_R // SLICES  # rope columns a slice
+        PARTS: gl.constexpr = WARPS // SLICES  # the key tile's parts (scores) and the slice's column parts (values)
+        dtype: gl.constexpr = K_buf.dtype.element_ty
+        # [slice, rows, keys or columns] on warps [SLICES, 1, PARTS]: warp (b, h) takes slice b, part h.
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[SLICES, 1, PARTS],
+                                                      instr_shape=[1, 16, 8])
+        A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        # cp.async: 16-byte vectors of values, a slice's 128 across 16 threads; the rope columns spread over all.
+        G_NOPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 8], threads_per_warp=[1, 2, 16],
+                                                warps_per_cta=[SLICES, PARTS, 1], order=[2, 1, 0])
+        RV: gl.constexpr = SLICES * BLOCK_N * RW // (32 * WARPS)  # rope values a thread gathers
+        G_ROPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, RV],
+                                                threads_per_warp=[1, 32 * RV // RW, RW // RV],
+                                                warps_per_cta=[SLICES, PARTS, 1], order=[2, 1, 0])
+        # The partial scores summed: each thread holds its keys of one row in every slice.
+        ROWS_W: gl.constexpr = BLOCK_M // WARPS
+        RED: gl.constexpr = gl.BlockedLayout(size_per_thread=[SLICES, 1, BLOCK_N * ROWS_W // 32],
+                                             threads_per_warp=[1, ROWS_W, 32 // ROWS_W],
+                                             warps_per_cta=[1, WARPS, 1], order=[2, 1, 0])
+        S2: gl.constexpr = gl.SliceLayout(0, RED)
+        ROWS: gl.constexpr = gl.SliceLayout(1, S2)
+        O_ROWS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, MMA))
+        HALF: gl.constexpr = NW // 2
+
+        nope_stages = gl.allocate_shared_memory(dtype, [2, SLICES, BLOCK_N, NW],
+                                                gl.SwizzledSharedLayout(8, 1, 8, order=[2, 1, 0]))
+        rope_stages = gl.allocate_shared_memory(dtype, [2, SLICES, BLOCK_N, RW],
+                                                gl.SwizzledSharedLayout(8, 4, 2, order=[2, 1, 0]))
+        s_buf = gl.allocate_shared_memory(gl.float32, [SLICES, BLOCK_M, BLOCK_N],
+                                          gl.SwizzledSharedLayout(2, 1, 8, order=[2, 1, 0]))
+        p_buf = gl.allocate_shared_memory(dtype, [SLICES, BLOCK_M, BLOCK_N],
+                                          gl.SwizzledSharedLayout(8, 2, 4, order=[2, 1, 0]))
+        alpha_buf = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+
+        slot, slot_r = _slots(kv_indices, kv_base, lo, hi, BLOCK_N, G_NOPE, G_ROPE)
+        _gather(nope_stages.index(0), rope_stages.index(0), K_buf, slot, slot_r, lo, hi, stride_ks, D_V, BLOCK_N,
+                G_NOPE, G_ROPE)
+        slot, slot_r = _slots(kv_indices, kv_base, lo + BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
+        # Each slice's values in two halves: two independent MMA chains (and the rope's a third).
+        qn_lo = gl.convert_layout(_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, 0, NW, HALF, BLOCK_M,
+                                           H, G_NOPE), A_OP)
+        qn_hi = gl.convert_layout(_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, HALF, NW, HALF,
+                                           BLOCK_M, H, G_NOPE), A_OP)
+        qr = gl.convert_layout(_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, D_V, RW, RW, BLOCK_M, H,
+                                        G_ROPE), A_OP)
+        acc = gl.zeros([SLICES, BLOCK_M, NW], gl.float32, MMA)
+        s_zero = gl.zeros([SLICES, BLOCK_M, BLOCK_N], gl.float32, MMA)
+        p_bcast = gl.zeros([SLICES, BLOCK_M, BLOCK_N], dtype, RED)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROWS)
+        l_i = gl.zeros([BLOCK_M], gl.float32, ROWS)
+        offs_key = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S2))
+
+        n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+        for i in range(n_tiles):
+            stage = i % 2
+            # Tile i has landed (this thread's copies), then everyone's; and every warp is past tile i - 1,
+            # whose stage the next gather refills, and past the shared buffers' last reads.
+            async_copy.wait_group(0)
+            _cta_barrier()
+            start = lo + i * BLOCK_N
+            _gather(nope_stages.index(1 - stage), rope_stages.index(1 - stage), K_buf, slot, slot_r,
+                    start + BLOCK_N, hi, stride_ks, D_V, BLOCK_N, G_NOPE, G_ROPE)
+            slot, slot_r = _slots(kv_indices, kv_base, start + 2 * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
+            keys = nope_stages.index(stage)
+            s = mma_v2(qn_lo, keys.slice(0, HALF, dim=2).permute((0, 2, 1)).load(B_OP), s_zero)
+            s_hi = mma_v2(qn_hi, keys.slice(HALF, HALF, dim=2).permute((0, 2, 1)).load(B_OP), s_zero)
+            s_r = mma_v2(qr, rope_stages.index(stage).permute((0, 2, 1)).load(B_OP), s_zero)
+            s = s + (s_hi + s_r)
+            s_buf.store(s)
+            _cta_barrier()
+            scores = gl.sum(s_buf.load(RED), 0)
+            scores = gl.where((start + offs_key < hi)[None, :], scores * qk_scale, float("-inf"))
+            m_new, m_safe, alpha = _raise_running_max(m_i, gl.max(scores, 1))
+            p = gl.exp2(scores - m_safe[:, None])
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m_new
+            p_buf.store(gl.expand_dims(p.to(dtype), 0) + p_bcast)
+            alpha_buf.store(alpha)
+            _cta_barrier()
+            acc = acc * gl.expand_dims(gl.expand_dims(alpha_buf.load(O_ROWS), 0), 2)
+            acc = mma_v2(p_buf.load(A_OP), keys.load(B_OP), acc)
+        async_copy.wait_group(0)
+
+        seen = l_i > 0.0
+        l_safe = gl.where(seen, l_i, 1.0)
+        offs_m = first_row + gl.arange(0, BLOCK_M, layout=ROWS)
+        rows = (q_start * H + offs_m).to(gl.int64)
+        gl.store(LSE_part + rows * stride_lr + split, gl.where(seen, m_i + gl.log2(l_safe), float("-inf")),
+                 mask=offs_m < row_end)
+        norm = gl.convert_layout(out_scale / l_safe, O_ROWS)
+        b = gl.arange(0, SLICES, layout=gl.SliceLayout(1, gl.SliceLayout(2, MMA)))
+        r = first_row + gl.arange(0, BLOCK_M, layout=O_ROWS)
+        c = gl.arange(0, NW, layout=gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
+        row_off = (q_start * H + r).to(gl.int64) * stride_or + split * stride_op
+        ptrs = (O_part + gl.expand_dims(gl.expand_dims(row_off, 0), 2) + gl.expand_dims(gl.expand_dims(b * NW, 1), 2)
+                + gl.expand_dims(gl.expand_dims(c, 0), 1))
+        gl.store(ptrs, acc * gl.expand_dims(gl.expand_dims(norm, 0), 2),
+                 mask=gl.expand_dims(gl.expand_dims(r < row_end, 0), 2))
+
+    @gluon.jit
+    def prefix_mma_v2_kernel(
+        Q, K_buf, kv_indices, qo_indptr, kv_indptr,
+        O_part, LSE_part,
+        k_scale, v_scale, qk_scale_log2, min_chunk, row_base,
+        stride_qt, stride_qh, stride_ks,
+        stride_or, stride_op, stride_lr,
+        H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        SCALE_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        gl.static_assert((num_warps == 2 * SLICES or num_warps == 4 * SLICES) and BLOCK_M == 16 and BLOCK_N == 32,
+                         "warps (slice, key part): 16 rows, 32 keys")
+        gl.static_assert(D_V % (SLICES * 16) == 0 and D_R % (SLICES * 16) == 0, "whole k-steps a slice")
+        if USE_PDL:
+            _grid_dependency(False)
+        split, q_start, n_rows, kv_start, first_row, row_end, lo, hi = _program_work(
+            qo_indptr, kv_indptr, min_chunk, 0, 0, row_base, BLOCK_M, H, BLOCK_N)
+        qk_scale, out_scale = _dequant_scales(k_scale, v_scale, qk_scale_log2, SCALE_FROM_PTR)
+        if first_row < n_rows:
+            if lo >= hi:
+                LSE_LAYOUT: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+                offs = first_row + gl.arange(0, BLOCK_M, layout=LSE_LAYOUT)
+                gl.store(LSE_part + (q_start * H + offs).to(gl.int64) * stride_lr + split,
+                         gl.full([BLOCK_M], float("-inf"), gl.float32, LSE_LAYOUT), mask=offs < row_end)
+            else:
+                _attend(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale, q_start, row_end, kv_start,
+                        lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or, stride_op, stride_lr,
+                        H, D_V, D_R, BLOCK_M, BLOCK_N, num_warps)
+        if USE_PDL:
+            _grid_dependency(True)
