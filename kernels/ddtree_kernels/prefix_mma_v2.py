@@ -54,7 +54,8 @@ if not _GLUON_ERROR:
     @gluon.jit
     def _slots(kv_indices, kv_base, start, hi, BLOCK_N: gl.constexpr, G_NOPE: gl.constexpr, G_ROPE: gl.constexpr):
         """Cache slots of keys start .. start + BLOCK_N (0 from hi on), in the key layouts of both gathers.
-        Loaded a tile before their gather, so that it does not wait on them."""
+        Loaded a tile before their gather, so that it does not wait on them; int32 while they wait (a pool
+        has fewer than 2**31 rows)."""
         offs = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, gl.SliceLayout(2, G_NOPE)))
         offs_r = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, gl.SliceLayout(2, G_ROPE)))
         return (gl.load(kv_indices + kv_base + offs, mask=offs < hi, other=0).to(gl.int32),
@@ -102,6 +103,8 @@ if not _GLUON_ERROR:
                 stride_qt, stride_qh, stride_ks, stride_or, stride_op, stride_lr,
                 H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr):
+        """Rows first_row .. first_row + BLOCK_M (those before row_end) against keys lo .. hi: this split's
+        normalised partial output and base-2 LSE."""
         NW: gl.constexpr = D_V // SLICES  # value columns a slice
         RW: gl.constexpr = D_R // SLICES  # rope columns a slice
         PARTS: gl.constexpr = WARPS // SLICES  # the key tile's parts (scores) and the slice's column parts (values)
