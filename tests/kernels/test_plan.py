@@ -293,3 +293,17 @@ def test_both_gluon_wide_kernels_take_one_argument_list():
 
     assert prefix_hopper_ws.prefix_wide_ws_kernel.arg_names == prefix_hopper.prefix_wide_hopper_kernel.arg_names
     assert "split_reserve" in prefix_hopper.prefix_wide_hopper_kernel.arg_names
+
+
+def test_a_tile_and_its_fallback_plan_alike():
+    """Where a Gluon tile does not run, its fallback takes its launches in the same plan: both must own as
+    many rows a program and fill an SM with as many programs, or the splits and row blocks would be wrong."""
+    from ddtree_kernels.configs import SHIPPED
+
+    tiles = [(name, field, getattr(conf, field)) for name, conf in SHIPPED.items() for field in vars(conf)
+             if hasattr(getattr(conf, field), "fallback")]
+    with_fallback = [(name, field, t) for name, field, t in tiles if t.fallback is not None]
+    assert ("sm120", "prefix") in {(name, field) for name, field, _ in with_fallback}
+    for name, field, tile in with_fallback:
+        assert (tile.fallback.block_m, tile.fallback.ctas_per_sm) == (tile.block_m, tile.ctas_per_sm), (name, field)
+        assert tile.fallback.fallback is None and not tile.fallback.mma_v2, (name, field)
