@@ -218,7 +218,8 @@ class VerifyPlan:
                       _items(padded, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, USE_PDL=pdl),
                       tc.num_warps, tc.num_stages, 0)]
         for tile, row_base, row_blocks in self.prefix_launches():
-            if tile.mma_v2 and tile.fallback is not None and not self.mma_v2(tile):
+            runs_mma_v2 = self.mma_v2(tile)
+            if tile.mma_v2 and not runs_mma_v2 and tile.fallback is not None:
                 tile = tile.fallback
             grid = (row_blocks, self.num_splits, self.batch_size)
             if tile.gluon and self.gluon:
@@ -230,7 +231,7 @@ class VerifyPlan:
                                          TAIL_N=tail_n, KV_FP8=self.kv_fp8, USE_PDL=pdl),
                                   prefix_hopper_ws.KERNEL_WARPS if ws else tile.num_warps, tile.num_stages,
                                   tile.ctas_per_sm, row_base, "(wgmma)"))
-            elif self.mma_v2(tile):
+            elif runs_mma_v2:
                 out.append(Launch("prefix_mma_v2_kernel", grid,
                                   _items(dims, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, USE_PDL=pdl),
                                   tile.num_warps, tile.num_stages, tile.ctas_per_sm, row_base,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ddtree_kernels import gluon_shared
 from ddtree_kernels.configs import SHIPPED, SM120_SHARED_MEMORY
 
 
@@ -44,15 +45,14 @@ def test_every_config_and_variant_was_compiled_for_both_targets(fit_report):
 
 def test_hopper_gluon_wide_tile_is_compiled_where_triton_builds_it(fit_report):
     """The launcher runs prefix_hopper's kernel for HOPPER's wide tiles (bf16 and fp8) on the Triton releases
-    in prefix_hopper.TESTED_TRITON: there both forms of each (with and without the fused row tail), and the
+    in gluon_shared.TESTED_TRITON: there both forms of each (with and without the fused row tail), and the
     keys-major form of its narrow tiles (8 and 16 rows), and the bf16 wide tile with its row tail on a
     warpgroup of its own (prefix_hopper_ws: 12 warps), must compile and fit sm_90 one program an SM;
     elsewhere the fit report leaves them out (the launcher runs prefix.py's tiles). A bf16 wide tile
     with a row tail always takes the warp-specialized form, so no plan launches its one-stream form."""
-    from ddtree_kernels.hopper import prefix as prefix_hopper
 
     gluon = [r for r in fit_report if r["kernel"].startswith("prefix_gluon")]
-    if prefix_hopper.unavailable_reason():
+    if gluon_shared.unavailable_reason():
         assert not gluon
         return
     assert sorted(r["variant"] for r in gluon) == ["kv=bf16,v_from_k=True,narrow,rows=16",

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ddtree_kernels as dk
-from ddtree_kernels import masks, reference
+from ddtree_kernels import gluon_shared, masks, reference
 from ddtree_kernels.launcher import plan_verify, reserve_workspace
 
 from .cases import assert_close, make_case
@@ -70,10 +70,9 @@ def _path(plan) -> str:
 def _gluon_here() -> bool:
     """Hopper's Gluon tiles run on this GPU and Triton (and no sm_120 emulation is on)."""
     from ddtree_kernels import launcher
-    from ddtree_kernels.hopper import prefix as prefix_hopper
 
     return (torch.cuda.get_device_capability() == (9, 0) and launcher._EMULATED_CAPABILITY is None
-            and not prefix_hopper.unavailable_reason())
+            and not gluon_shared.unavailable_reason())
 
 
 @pytest.mark.parametrize("prefix,draft,heads,opts,hopper_path", LARGE, ids=lambda x: str(x)[:40])

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from ddtree_kernels import gluon_shared
 from ddtree_kernels.launcher import split_count
 
 
@@ -184,16 +185,14 @@ def test_gluon_wide_tile_takes_17_to_63_rows_as_one_masked_block(heads, tokens, 
 def test_gluon_kernel_only_on_the_triton_releases_it_is_checked_on(version, runs):
     """Gluon renames things between releases: outside the checked range the launcher keeps prefix.py's tile
     and the reason names the range (and where to widen it)."""
-    from ddtree_kernels.hopper import prefix as prefix_hopper
 
-    reason = prefix_hopper.unavailable_reason(version)
+    reason = gluon_shared.unavailable_reason(version)
     assert (reason == "") == runs
     if not runs:
         assert version in reason and "TESTED_TRITON" in reason
 
 
 def test_gluon_kernel_only_for_hopper_and_its_cache_layout():
-    from ddtree_kernels.hopper import prefix as prefix_hopper
     from ddtree_kernels.hopper.plan import gluon_supports
     from ddtree_kernels.interpreter import interpreting
 
@@ -203,7 +202,7 @@ def test_gluon_kernel_only_for_hopper_and_its_cache_layout():
     assert not gluon_supports((9, 0), **(glm5 | {"v_from_k": False}))
     assert not gluon_supports((9, 0), **(glm5 | {"d_rope": 32}))
     # under TRITON_INTERPRET (the CPU suite) nothing compiles, so it is never chosen there either
-    runs = not interpreting() and not prefix_hopper.unavailable_reason()
+    runs = not interpreting() and not gluon_shared.unavailable_reason()
     assert gluon_supports((9, 0), **glm5) == runs  # either cache dtype: fp8 is widened in shared memory
 
 
@@ -287,8 +286,8 @@ def test_both_gluon_wide_kernels_take_one_argument_list():
     """The launcher calls prefix_hopper's wide kernel or its warp-specialized form with the same arguments."""
     from ddtree_kernels.hopper import prefix as prefix_hopper
 
-    if prefix_hopper.unavailable_reason():
-        pytest.skip(prefix_hopper.unavailable_reason())
+    if gluon_shared.unavailable_reason():
+        pytest.skip(gluon_shared.unavailable_reason())
     from ddtree_kernels.hopper import prefix_ws as prefix_hopper_ws
 
     assert prefix_hopper_ws.prefix_wide_ws_kernel.arg_names == prefix_hopper.prefix_wide_hopper_kernel.arg_names

@@ -7,6 +7,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ..configs import VerifyConfig
+from ..gluon_shared import unavailable_reason
 from ..interpreter import interpreting
 from . import prefix as prefix_hopper
 
@@ -19,7 +20,7 @@ def gluon_supports(capability: tuple[int, int] | None, *, v_from_k: bool, d_v: i
     cache of any dtype (bf16/fp16, or fp8 widened in shared memory) with V read from K, D_V 512 and
     D_R 64, compiled (not interpreted)."""
     return (capability is not None and capability[0] == 9 and not interpreting()
-            and not prefix_hopper.unavailable_reason() and v_from_k and d_v == 512 and d_rope == 64)
+            and not unavailable_reason() and v_from_k and d_v == 512 and d_rope == 64)
 
 
 def fused_tail_rows(config: VerifyConfig, rows: int, *, kv_fp8: bool, v_from_k: bool, gluon: bool) -> int:

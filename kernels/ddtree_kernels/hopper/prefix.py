@@ -40,7 +40,7 @@ bf16/fp16/fp8 cache whose values are the keys' first D_V columns, D_V = 512 and 
 
 from __future__ import annotations
 
-try:  # Gluon ships with Triton 3.5+; this kernel needs 3.6+ (TESTED_TRITON)
+try:  # Gluon ships with Triton 3.5+; this kernel needs 3.6+ (gluon_shared.TESTED_TRITON)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -53,8 +53,6 @@ try:  # Gluon ships with Triton 3.5+; this kernel needs 3.6+ (TESTED_TRITON)
     _GLUON_ERROR = ""
 except (ImportError, AttributeError) as err:  # pragma: no cover - depends on the installed Triton
     _GLUON_ERROR = f"triton.experimental.gluon is not usable here ({err})"
-
-from ..gluon_shared import TESTED_TRITON, unavailable_reason  # noqa: F401  (the launcher asks this module)
 
 if not _GLUON_ERROR:
     from ..gluon_shared import (

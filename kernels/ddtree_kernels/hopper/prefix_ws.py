@@ -35,12 +35,12 @@ D_R = 64, BLOCK_M 64 with a row tail (TAIL_N > 0). Triton 3.6-3.9 on an sm_90 GP
 
 from __future__ import annotations
 
-from . import prefix as prefix_hopper
+from ..gluon_shared import unavailable_reason
 
 # The kernel's own warps, the scorer partition's (num_warps at launch); the worker partitions add 8 more.
 KERNEL_WARPS = 4
 
-if not prefix_hopper.unavailable_reason():
+if not unavailable_reason():
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
