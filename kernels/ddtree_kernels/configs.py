@@ -108,6 +108,13 @@ class VerifyConfig:
     # hiding each launch's latency in the grid before it.
     pdl: bool = True
 
+    def with_fallbacks(self) -> VerifyConfig:
+        """This configuration with every tile that has a fallback replaced by it: what runs where the
+        Gluon tiles do not (the interpreter, a Triton outside gluon_shared.TESTED_TRITON)."""
+        tiles = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return dataclasses.replace(self, **{name: tile.fallback for name, tile in tiles.items()
+                                            if isinstance(tile, TileConfig) and tile.fallback is not None})
+
     def prefix_for(self, rows_per_request: int, *, kv_fp8: bool = False, v_from_k: bool = True,
                    gluon: bool = False) -> TileConfig:
         """The prefix tile for requests of up to this many rows each, on this cache layout (`gluon`:
@@ -148,19 +155,27 @@ class VerifyConfig:
 
 
 # sm_120: 99 KB of shared memory a block and ~100 KB an SM, so each prefix tile is one program an
-# SM (fit report). A 16-bit cache takes prefix_mma_v2.py's Gluon tile (16 rows x 32 keys, 8 warps,
-# two cp.async stages, 90 KB): eight warps split the latent, so one program keeps two warps a
-# scheduler where `tl.dot`'s tile kept one. Without Gluon it falls back to prefix_chunked.py's 16 x 64
-# tile (94 KB), whose four short score chains keep the MMAs busy where one long one waits. fp8 tiles
-# widen in registers (8 warps to stay spill-free) and score keys-major; fp8 requests of 64+ rows take
-# 32-row tiles. Why each choice, with timings: kernels/results/sweep-h200.log (sessions 5, 6, 17-19).
+# SM (fit report). A cache with V in K takes prefix_mma_v2.py's Gluon tiles (mma.sync, 32 keys, 8
+# warps splitting the latent, two stages): 16 rows (86 KB), and for requests of 64+ rows 32 rows
+# (98 KB; GLM-5's 72 rows: two 32-row blocks and an 8-row tail on the 16-row tile, three reads of
+# each key tile instead of five). fp8 runs the same tiles, loading 8-bit keys and widening them to
+# fp16 in shared memory. Without Gluon the 16-bit tiles fall back to prefix_chunked.py's (four short
+# score chains) and the fp8 ones to prefix.py's keys-major tiles, widened in registers (8 warps to
+# stay spill-free). Why each choice, with timings: kernels/results/sweep-h200.log (sessions 5, 6, 17-20).
 SM120 = VerifyConfig(
     prefix=TileConfig(block_m=16, block_n=32, num_warps=8, num_stages=2, ctas_per_sm=1, mma_v2=True,
                       fallback=TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=1,
                                           chunked=True)),
-    prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=8, num_stages=3, ctas_per_sm=1, keys_major=True),
+    prefix_fp8=TileConfig(block_m=16, block_n=32, num_warps=8, num_stages=2, ctas_per_sm=1, mma_v2=True,
+                          fallback=TileConfig(block_m=16, block_n=32, num_warps=8, num_stages=3, ctas_per_sm=1,
+                                              keys_major=True)),
     prefix_split_v=TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=2, ctas_per_sm=1),
-    prefix_wide_fp8=TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=3, ctas_per_sm=1, keys_major=True),
+    prefix_wide=TileConfig(block_m=32, block_n=32, num_warps=8, num_stages=2, ctas_per_sm=1, mma_v2=True,
+                           fallback=TileConfig(block_m=32, block_n=32, num_warps=8, num_stages=2, ctas_per_sm=1,
+                                               chunked=True)),
+    prefix_wide_fp8=TileConfig(block_m=32, block_n=32, num_warps=8, num_stages=2, ctas_per_sm=1, mma_v2=True,
+                               fallback=TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=3, ctas_per_sm=1,
+                                                   keys_major=True)),
     tree=TileConfig(block_m=32, block_n=32, num_warps=8, num_stages=1),
     merge_block_d=32,
     merge_block_s=128,

@@ -233,7 +233,8 @@ class VerifyPlan:
                                   tile.ctas_per_sm, row_base, "(wgmma)"))
             elif runs_mma_v2:
                 out.append(Launch("prefix_mma_v2_kernel", grid,
-                                  _items(dims, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, USE_PDL=pdl),
+                                  _items(dims, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, KV_FP8=self.kv_fp8,
+                                         USE_PDL=pdl),
                                   tile.num_warps, tile.num_stages, tile.ctas_per_sm, row_base,
                                   "(Gluon mma.sync, latent split)"))
             elif self.chunked(tile):

@@ -1,25 +1,28 @@
-"""sm_120's prefix tile, written in Gluon on mma.sync: the latent split across warps.
+"""sm_120's prefix tiles, written in Gluon on mma.sync: the latent split across warps.
 
 On sm_120 one program fills an SM (a 64-key tile of 576-wide rows is 72 KB of its 99 KB), so
 `prefix_chunked_kernel`'s four warps are one a scheduler, and its `tl.dot` tile waits for every
 key tile it gathers (one buffer: the next gather starts when the tile is used up) and re-reads
-the queries from shared memory each step. Here 8 (or 16) warps share each key tile, and none of
-them repeats another's work:
+the queries from shared memory each step. Here 8 warps share each key tile, and none of them
+repeats another's work:
 
-- The warps form SLICES x PARTS. Warp (b, h) owns a quarter of the latent, value columns
-  128b .. 128b + 128 and rope columns 16b .. 16b + 16, whose queries stay in its registers for the
-  whole loop. It scores part h of the key tile against them (a partial score, as three
-  independent mma.sync chains: two value halves and the rope) and accumulates its 128 / PARTS of
-  the slice's value columns.
-- The SLICES partial scores are summed through shared memory (8 KB a tile); the softmax runs on
-  the sum, a row per warp or two, and P goes back through shared memory, once for each slice.
-- The key tile is gathered by cp.async, chunk-major ([SLICES, BLOCK_N, 128] values and
-  [SLICES, BLOCK_N, 16] rope), into two stages: the next tile lands while this one is used.
+- The warps form SLICES x GROUPS x PARTS. Warp (b, g, h) owns a quarter of the latent, value
+  columns 128b .. 128b + 128 and rope columns 16b .. 16b + 16, for rows 16g .. 16g + 16, whose
+  queries stay in its registers for the whole loop. It scores part h of the key tile against them
+  (a partial score, as three independent mma.sync chains: two value halves and the rope) and
+  accumulates its 128 / PARTS of the slice's value columns. 16 rows: two parts; 32 rows: one part
+  (a warp then does twice the MMAs for the same gather, softmax and barriers).
+- The SLICES partial scores are summed through shared memory; the softmax runs on the sum, a few
+  rows a warp, and P goes back through shared memory, once for each slice.
+- A 16-bit cache's key tile is gathered by cp.async, chunk-major ([SLICES, BLOCK_N, 128] values and
+  [SLICES, BLOCK_N, 16] rope), into two stages: the next tile lands while this one is used. An fp8
+  cache's next tile is loaded into registers (half the bytes) and widened to fp16 into the other
+  stage at the end of the iteration; the MMAs then run in fp16, as `prefix_split_kernel`'s fp8 tiles.
 
 Same grid, partial outputs and LSEs as `prefix_split_kernel` (merge.py combines them), for a
-16-bit cache whose values are the keys' first D_V = 512 columns, D_R = 64. It runs where
+cache whose values are the keys' first D_V = 512 columns, D_R = 64. It runs where
 `gluon_shared.unavailable_reason()` is empty (Triton 3.6-3.9); the launcher falls back to the
-tile's `fallback` (prefix_chunked_kernel) everywhere else, the interpreter included.
+tile's `fallback` everywhere else, the interpreter included.
 """
 
 from __future__ import annotations
@@ -44,9 +47,10 @@ if not _GLUON_ERROR:
 
 
 def supports(*, kv_fp8: bool, v_from_k: bool, d_v: int, d_rope: int) -> bool:
-    """The kernel serves this cache with the installed Triton (gluon_shared.unavailable_reason): 16-bit,
-    values read from the key rows, D_V 512 and D_R 64 (GLM-5, DeepSeek)."""
-    return not unavailable_reason() and not kv_fp8 and v_from_k and d_v == 512 and d_rope == 64
+    """The kernel serves this cache with the installed Triton (gluon_shared.unavailable_reason): 16-bit or
+    fp8 e4m3, values read from the key rows, D_V 512 and D_R 64 (GLM-5, DeepSeek)."""
+    del kv_fp8  # both caches
+    return not unavailable_reason() and v_from_k and d_v == 512 and d_rope == 64
 
 
 if not _GLUON_ERROR:
@@ -62,27 +66,47 @@ if not _GLUON_ERROR:
                 gl.load(kv_indices + kv_base + offs_r, mask=offs_r < hi, other=0).to(gl.int32))
 
     @gluon.jit
-    def _gather(n_dst, r_dst, K_buf, slot, slot_r, start, hi, stride_ks,
-                D_V: gl.constexpr, BLOCK_N: gl.constexpr, G_NOPE: gl.constexpr, G_ROPE: gl.constexpr):
-        """cp.async keys start .. start + BLOCK_N (at `slot`, `slot_r`; zeros from hi on) into one stage,
-        chunk-major: n_dst[b, n] = values 128b .. 128b + 128 of key n, r_dst[b, n] = its rope columns
-        16b .. 16b + 16. One commit group."""
+    def _tile_ptrs(K_buf, slot, slot_r, start, hi, stride_ks,
+                   D_V: gl.constexpr, D_R: gl.constexpr, BLOCK_N: gl.constexpr, G_NOPE: gl.constexpr,
+                   G_ROPE: gl.constexpr):
+        """Addresses and masks of keys start .. start + BLOCK_N (at `slot`, `slot_r`; masked from hi on),
+        chunk-major: [b, n, c] is value column 128b + c of key n, and rope column 16b + c."""
         NW: gl.constexpr = D_V // SLICES
+        RW: gl.constexpr = D_R // SLICES
         offs = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, gl.SliceLayout(2, G_NOPE)))
         b = gl.arange(0, SLICES, layout=gl.SliceLayout(1, gl.SliceLayout(2, G_NOPE)))
         c = gl.arange(0, NW, layout=gl.SliceLayout(0, gl.SliceLayout(1, G_NOPE)))
         row = gl.expand_dims(gl.expand_dims(slot.to(gl.int64) * stride_ks, 0), 2)
         col = gl.expand_dims(gl.expand_dims(b * NW, 1), 2) + gl.expand_dims(gl.expand_dims(c, 0), 1)
-        _async_gather(n_dst, K_buf + row + col, mask=gl.expand_dims(gl.expand_dims(offs < hi, 0), 2))
-
-        RW: gl.constexpr = r_dst.shape[2]
         offs_r = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, gl.SliceLayout(2, G_ROPE)))
         b_r = gl.arange(0, SLICES, layout=gl.SliceLayout(1, gl.SliceLayout(2, G_ROPE)))
         c_r = gl.arange(0, RW, layout=gl.SliceLayout(0, gl.SliceLayout(1, G_ROPE)))
         row_r = gl.expand_dims(gl.expand_dims(slot_r.to(gl.int64) * stride_ks, 0), 2)
         col_r = D_V + gl.expand_dims(gl.expand_dims(b_r * RW, 1), 2) + gl.expand_dims(gl.expand_dims(c_r, 0), 1)
-        _async_gather(r_dst, K_buf + row_r + col_r, mask=gl.expand_dims(gl.expand_dims(offs_r < hi, 0), 2))
+        return (K_buf + row + col, gl.expand_dims(gl.expand_dims(offs < hi, 0), 2),
+                K_buf + row_r + col_r, gl.expand_dims(gl.expand_dims(offs_r < hi, 0), 2))
+
+    @gluon.jit
+    def _gather(n_dst, r_dst, K_buf, slot, slot_r, start, hi, stride_ks,
+                D_V: gl.constexpr, D_R: gl.constexpr, BLOCK_N: gl.constexpr, G_NOPE: gl.constexpr,
+                G_ROPE: gl.constexpr):
+        """cp.async keys start .. start + BLOCK_N (zeros from hi on) of a 16-bit cache into one stage
+        (n_dst values, r_dst rope; _tile_ptrs' order). One commit group."""
+        n_ptrs, n_ok, r_ptrs, r_ok = _tile_ptrs(K_buf, slot, slot_r, start, hi, stride_ks, D_V, D_R, BLOCK_N,
+                                                G_NOPE, G_ROPE)
+        _async_gather(n_dst, n_ptrs, mask=n_ok)
+        _async_gather(r_dst, r_ptrs, mask=r_ok)
         async_copy.commit_group()
+
+    @gluon.jit
+    def _load_fp8(K_buf, slot, slot_r, start, hi, stride_ks,
+                  D_V: gl.constexpr, D_R: gl.constexpr, BLOCK_N: gl.constexpr, G_NOPE: gl.constexpr,
+                  G_ROPE: gl.constexpr):
+        """Keys start .. start + BLOCK_N (zeros from hi on) of an fp8 cache into registers, still 8-bit
+        (_tile_ptrs' order): widened when they are stored, so that the load's wait is the iteration's end."""
+        n_ptrs, n_ok, r_ptrs, r_ok = _tile_ptrs(K_buf, slot, slot_r, start, hi, stride_ks, D_V, D_R, BLOCK_N,
+                                                G_NOPE, G_ROPE)
+        return gl.load(n_ptrs, mask=n_ok, other=0.0), gl.load(r_ptrs, mask=r_ok, other=0.0)
 
     @gluon.jit
     def _queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, COL0: gl.constexpr, STRIDE: gl.constexpr,
@@ -102,25 +126,37 @@ if not _GLUON_ERROR:
                 q_start, row_end, kv_base, lo, hi, first_row, split,
                 stride_qt, stride_qh, stride_ks, stride_or, stride_op, stride_lr,
                 H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr):
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, WARPS: gl.constexpr):
         """Rows first_row .. first_row + BLOCK_M (those before row_end) against keys lo .. hi: this split's
         normalised partial output and base-2 LSE."""
         NW: gl.constexpr = D_V // SLICES  # value columns a slice
         RW: gl.constexpr = D_R // SLICES  # rope columns a slice
-        PARTS: gl.constexpr = WARPS // SLICES  # the key tile's parts (scores) and the slice's column parts (values)
-        dtype: gl.constexpr = K_buf.dtype.element_ty
-        # [slice, rows, keys or columns] on warps [SLICES, 1, PARTS]: warp (b, h) takes slice b, part h.
-        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[SLICES, 1, PARTS],
+        GROUPS: gl.constexpr = BLOCK_M // 16  # row groups, 16 rows (one mma.sync M) each
+        PARTS: gl.constexpr = WARPS // (SLICES * GROUPS)  # the key tile's parts (scores), a slice's column parts
+        # [slice, rows, keys or columns] on warps [SLICES, GROUPS, PARTS]: warp (b, g, h) takes slice b, rows
+        # 16g .. 16g + 16, part h.
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[SLICES, GROUPS, PARTS],
                                                       instr_shape=[1, 16, 8])
         A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-        # cp.async: 16-byte vectors of values, a slice's 128 across 16 threads; the rope columns spread over all.
-        G_NOPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 8], threads_per_warp=[1, 2, 16],
-                                                warps_per_cta=[SLICES, PARTS, 1], order=[2, 1, 0])
-        RV: gl.constexpr = SLICES * BLOCK_N * RW // (32 * WARPS)  # rope values a thread gathers
-        G_ROPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, RV],
-                                                threads_per_warp=[1, 32 * RV // RW, RW // RV],
-                                                warps_per_cta=[SLICES, PARTS, 1], order=[2, 1, 0])
+        if KV_FP8:
+            # 16-byte loads of 8-bit values, a slice's 128 across 8 threads; 4-byte loads of the rope. The MMAs
+            # run in fp16, one native convert from e4m3.
+            dtype: gl.constexpr = gl.float16
+            G_NOPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per_warp=[1, 4, 8],
+                                                    warps_per_cta=[SLICES, WARPS // SLICES, 1], order=[2, 1, 0])
+            G_ROPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4],
+                                                    threads_per_warp=[1, 32 * 4 // RW, RW // 4],
+                                                    warps_per_cta=[SLICES, WARPS // SLICES, 1], order=[2, 1, 0])
+        else:
+            # cp.async: 16-byte vectors of values, a slice's 128 across 16 threads; the rope spread over all.
+            dtype: gl.constexpr = K_buf.dtype.element_ty
+            G_NOPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 8], threads_per_warp=[1, 2, 16],
+                                                    warps_per_cta=[SLICES, WARPS // SLICES, 1], order=[2, 1, 0])
+            RV: gl.constexpr = SLICES * BLOCK_N * RW // (32 * WARPS)  # rope values a thread gathers
+            G_ROPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, RV],
+                                                    threads_per_warp=[1, 32 * RV // RW, RW // RV],
+                                                    warps_per_cta=[SLICES, WARPS // SLICES, 1], order=[2, 1, 0])
         # The partial scores summed: each thread holds its keys of one row in every slice.
         ROWS_W: gl.constexpr = BLOCK_M // WARPS
         RED: gl.constexpr = gl.BlockedLayout(size_per_thread=[SLICES, 1, BLOCK_N * ROWS_W // 32],
@@ -130,6 +166,15 @@ if not _GLUON_ERROR:
         ROWS: gl.constexpr = gl.SliceLayout(1, S2)
         O_ROWS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, MMA))
         HALF: gl.constexpr = NW // 2
+
+        # Each slice's values in two halves: two independent MMA chains (and the rope's a third). Loaded before
+        # the buffers below exist, so that the layout conversion's scratch can share their shared memory.
+        qn_lo = gl.convert_layout(_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, 0, NW, HALF, BLOCK_M,
+                                           H, G_NOPE).to(dtype), A_OP)
+        qn_hi = gl.convert_layout(_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, HALF, NW, HALF,
+                                           BLOCK_M, H, G_NOPE).to(dtype), A_OP)
+        qr = gl.convert_layout(_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, D_V, RW, RW, BLOCK_M, H,
+                                        G_ROPE).to(dtype), A_OP)
 
         nope_stages = gl.allocate_shared_memory(dtype, [2, SLICES, BLOCK_N, NW],
                                                 gl.SwizzledSharedLayout(8, 1, 8, order=[2, 1, 0]))
@@ -142,16 +187,14 @@ if not _GLUON_ERROR:
         alpha_buf = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 
         slot, slot_r = _slots(kv_indices, kv_base, lo, hi, BLOCK_N, G_NOPE, G_ROPE)
-        _gather(nope_stages.index(0), rope_stages.index(0), K_buf, slot, slot_r, lo, hi, stride_ks, D_V, BLOCK_N,
-                G_NOPE, G_ROPE)
+        if KV_FP8:
+            keys8, rope8 = _load_fp8(K_buf, slot, slot_r, lo, hi, stride_ks, D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
+            nope_stages.index(0).store(keys8.to(dtype))
+            rope_stages.index(0).store(rope8.to(dtype))
+        else:
+            _gather(nope_stages.index(0), rope_stages.index(0), K_buf, slot, slot_r, lo, hi, stride_ks, D_V, D_R,
+                    BLOCK_N, G_NOPE, G_ROPE)
         slot, slot_r = _slots(kv_indices, kv_base, lo + BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
-        # Each slice's values in two halves: two independent MMA chains (and the rope's a third).
-        qn_lo = gl.convert_layout(_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, 0, NW, HALF, BLOCK_M,
-                                           H, G_NOPE), A_OP)
-        qn_hi = gl.convert_layout(_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, HALF, NW, HALF,
-                                           BLOCK_M, H, G_NOPE), A_OP)
-        qr = gl.convert_layout(_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, D_V, RW, RW, BLOCK_M, H,
-                                        G_ROPE), A_OP)
         acc = gl.zeros([SLICES, BLOCK_M, NW], gl.float32, MMA)
         s_zero = gl.zeros([SLICES, BLOCK_M, BLOCK_N], gl.float32, MMA)
         p_bcast = gl.zeros([SLICES, BLOCK_M, BLOCK_N], dtype, RED)
@@ -162,13 +205,18 @@ if not _GLUON_ERROR:
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
         for i in range(n_tiles):
             stage = i % 2
-            # Tile i has landed (this thread's copies), then everyone's; and every warp is past tile i - 1,
-            # whose stage the next gather refills, and past the shared buffers' last reads.
-            async_copy.wait_group(0)
-            _cta_barrier()
+            # Tile i has landed (this thread's copies or stores), then everyone's; and every warp is past tile
+            # i - 1, whose stage the next tile refills, and past the shared buffers' last reads.
             start = lo + i * BLOCK_N
-            _gather(nope_stages.index(1 - stage), rope_stages.index(1 - stage), K_buf, slot, slot_r,
-                    start + BLOCK_N, hi, stride_ks, D_V, BLOCK_N, G_NOPE, G_ROPE)
+            if KV_FP8:
+                _cta_barrier()
+                keys8, rope8 = _load_fp8(K_buf, slot, slot_r, start + BLOCK_N, hi, stride_ks, D_V, D_R, BLOCK_N,
+                                         G_NOPE, G_ROPE)
+            else:
+                async_copy.wait_group(0)
+                _cta_barrier()
+                _gather(nope_stages.index(1 - stage), rope_stages.index(1 - stage), K_buf, slot, slot_r,
+                        start + BLOCK_N, hi, stride_ks, D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
             slot, slot_r = _slots(kv_indices, kv_base, start + 2 * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
             keys = nope_stages.index(stage)
             s = mma_v2(qn_lo, keys.slice(0, HALF, dim=2).permute((0, 2, 1)).load(B_OP), s_zero)
@@ -188,7 +236,11 @@ if not _GLUON_ERROR:
             _cta_barrier()
             acc = acc * gl.expand_dims(gl.expand_dims(alpha_buf.load(O_ROWS), 0), 2)
             acc = mma_v2(p_buf.load(A_OP), keys.load(B_OP), acc)
-        async_copy.wait_group(0)
+            if KV_FP8:
+                nope_stages.index(1 - stage).store(keys8.to(dtype))
+                rope_stages.index(1 - stage).store(rope8.to(dtype))
+        if not KV_FP8:
+            async_copy.wait_group(0)
 
         seen = l_i > 0.0
         l_safe = gl.where(seen, l_i, 1.0)
@@ -214,11 +266,11 @@ if not _GLUON_ERROR:
         stride_qt, stride_qh, stride_ks,
         stride_or, stride_op, stride_lr,
         H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
         SCALE_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
     ):
-        gl.static_assert((num_warps == 2 * SLICES or num_warps == 4 * SLICES) and BLOCK_M == 16 and BLOCK_N == 32,
-                         "warps (slice, key part): 16 rows, 32 keys")
+        gl.static_assert(BLOCK_M % 16 == 0 and num_warps % (SLICES * (BLOCK_M // 16)) == 0 and BLOCK_N == 32,
+                         "a warp for each (slice, 16 rows, key part); 32 keys")
         gl.static_assert(D_V % (SLICES * 16) == 0 and D_R % (SLICES * 16) == 0, "whole k-steps a slice")
         if USE_PDL:
             _grid_dependency(False)
@@ -234,6 +286,6 @@ if not _GLUON_ERROR:
             else:
                 _attend(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale, q_start, row_end, kv_start,
                         lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or, stride_op, stride_lr,
-                        H, D_V, D_R, BLOCK_M, BLOCK_N, num_warps)
+                        H, D_V, D_R, BLOCK_M, BLOCK_N, KV_FP8, num_warps)
         if USE_PDL:
             _grid_dependency(True)

@@ -187,7 +187,8 @@ def test_keys_major_fp8_tile_matches_reference(separate_v, config_name):
     8 tail rows in the block): the same case checks it there."""
     from ddtree_kernels.configs import SHIPPED
 
-    config = dataclasses.replace(SHIPPED[config_name], min_chunk=64)
+    # sm_120's fp8 tiles are prefix_mma_v2's where it runs: its keys-major tiles are their fallbacks.
+    config = dataclasses.replace(SHIPPED[config_name].with_fallbacks(), min_chunk=64)
     assert config.prefix_fp8.keys_major
     case = make_case([0, 700, 1301], [9, 1, 5], 8, DEVICE, kv_dtype=FP8, separate_v=separate_v)
     kv_fp8, v_from_k = cache_layout(case.k_cache, case.v_cache)
@@ -216,22 +217,27 @@ def test_a_plan_for_another_cache_layout_is_refused():
 
 
 @pytest.mark.parametrize("prefix,draft,heads,opts,kernel", [
-    # GLM-5's rows with a ragged batch beside an empty prefix; 1301 keys leave masked keys in the last tile of a
-    # split. The Gluon tile where it runs (a GPU, Triton 3.6-3.9), else its chunked fallback
-    ([0, 700, 1301], [9, 1, 5], 8, {}, "16-bit"),
+    # GLM-5's rows (two 32-row blocks and an 8-row tail) with a ragged batch beside an empty prefix; 1301 keys
+    # leave masked keys in the last tile of a split. The Gluon tiles where they run (a GPU, Triton 3.6-3.9),
+    # else their fallbacks: the chunked tiles for 16 bits, the keys-major ones for fp8.
+    ([0, 700, 1301], [9, 1, 5], 8, {}, "gluon"),
+    ([0, 700, 1301], [9, 1, 5], 8, {"kv_dtype": FP8}, "gluon"),
+    ([2081, 5], [1, 1], 16, {"kv_dtype": FP8}, "gluon"),  # decode: the 16-row tile alone
     ([900], [9], 8, {"d_v": 128, "d_rope": 32}, "prefix_chunked_kernel"),  # 32-column chunks
     ([300], [5], 2, {"d_v": 64, "d_rope": 0}, "prefix_split_kernel"),  # no rope part: not the chunked tile
     ([600], [9], 8, {"separate_v": True}, "prefix_split_kernel"),  # values apart from the keys
 ])
-def test_sm120_bf16_tiles_match_reference(prefix, draft, heads, opts, kernel):
-    """sm_120's 16-bit tile (prefix_mma_v2.py, or its fallback prefix_chunked.py: four score chains, four value
-    accumulators) and the caches it does not take, each checked against the float64 reference on every machine."""
+def test_sm120_tiles_match_reference(prefix, draft, heads, opts, kernel):
+    """sm_120's tiles (prefix_mma_v2.py for both caches, or their fallbacks: prefix_chunked.py's four score chains
+    and four value accumulators, prefix_split_kernel's keys-major fp8 tiles) and the caches they do not take, each
+    checked against the float64 reference on every machine."""
     config = dataclasses.replace(SM120, min_chunk=64)
     case = make_case(prefix, draft, heads, DEVICE, **opts)
-    _, v_from_k = cache_layout(case.k_cache, case.v_cache)
-    plan = plan_verify(len(prefix), heads, case.max_draft, case.q.shape[0], DEVICE, config=config, v_from_k=v_from_k,
-                       d_v=case.d_v, d_rope=opts.get("d_rope", 64))
-    if kernel == "16-bit":
-        kernel = "prefix_mma_v2_kernel" if plan.mma_v2(config.prefix) else "prefix_chunked_kernel"
+    kv_fp8, v_from_k = cache_layout(case.k_cache, case.v_cache)
+    plan = plan_verify(len(prefix), heads, case.max_draft, case.q.shape[0], DEVICE, config=config, kv_fp8=kv_fp8,
+                       v_from_k=v_from_k, d_v=case.d_v, d_rope=opts.get("d_rope", 64))
+    if kernel == "gluon":
+        fallback = "prefix_split_kernel" if kv_fp8 else "prefix_chunked_kernel"
+        kernel = "prefix_mma_v2_kernel" if plan.mma_v2(config.prefix) else fallback
     assert {launch.kernel for launch in plan.launches()[1:-1]} == {kernel}, plan.describe()
     assert_close(_run_planned(plan, case), case.reference()[0], case)

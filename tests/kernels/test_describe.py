@@ -27,34 +27,39 @@ def compiled(monkeypatch):
 
 @pytest.mark.parametrize("gluon", [True, False], ids=["gluon-triton", "other-triton"])
 def test_sm120_runs_no_hopper_kernel(compiled, monkeypatch, gluon):
-    """sm_120 plans launch no wgmma kernel: a 16-bit cache takes prefix_mma_v2's Gluon tile (mma.sync) where
-    this Triton builds it, and its fallback, the chunked tl.dot tile, where it does not; fp8 the keys-major tiles."""
+    """sm_120 plans launch no wgmma kernel: a cache with V in K (16-bit or fp8) takes prefix_mma_v2's Gluon tiles
+    (mma.sync) where this Triton builds them, and their fallbacks where it does not: the chunked tl.dot tile for
+    16 bits, the keys-major tiles for fp8."""
     if gluon and prefix_mma_v2.unavailable_reason():
         pytest.skip(f"this Triton does not build the Gluon tile: {prefix_mma_v2.unavailable_reason()}")
     if not gluon:
         monkeypatch.setattr(prefix_mma_v2, "unavailable_reason", lambda: "an untested Triton")
-    sixteen_bit = "prefix_mma_v2_kernel" if gluon else "prefix_chunked_kernel"
     for heads, draft, fp8 in [(8, 9, False), (8, 9, True), (16, 33, False), (8, 1, True), (64, 9, False)]:
         plan = _plan(heads, draft, "sm120", kv_fp8=fp8)
         kernels = [launch.kernel for launch in plan.launches()]
+        fallback = "prefix_split_kernel" if fp8 else "prefix_chunked_kernel"
         assert kernels[0] == "tree_block_kernel" and kernels[-1] == "merge_parts_kernel"
-        assert set(kernels[1:-1]) == {"prefix_split_kernel" if fp8 else sixteen_bit}, kernels
+        assert set(kernels[1:-1]) == {"prefix_mma_v2_kernel" if gluon else fallback}, kernels
         assert not plan.gluon and all(launch.ctas_per_sm == 1 for launch in plan.launches()[1:-1])
 
 
-def test_sm120_gluon_tile_and_its_fallback_share_the_plan(compiled, monkeypatch):
-    """The Gluon tile and the chunked tile it falls back to own 16 rows a program, one program an SM: the
-    same splits and row blocks, so only the kernel and its tile differ."""
+@pytest.mark.parametrize("fp8", [False, True])
+def test_sm120_gluon_tiles_and_their_fallbacks_share_the_plan(compiled, monkeypatch, fp8):
+    """The Gluon tiles and the tiles they fall back to own as many rows a program, one program an SM: the same
+    splits and row blocks, so only the kernels and their tiles differ. GLM-5's 72 rows: two 32-row blocks, and
+    the 8 rows past them on a 16-row block in a second launch."""
     if prefix_mma_v2.unavailable_reason():
         pytest.skip(f"this Triton does not build the Gluon tile: {prefix_mma_v2.unavailable_reason()}")
-    (gluon,) = _plan(8, 9, "sm120").launches()[1:-1]
+    gluon = _plan(8, 9, "sm120", kv_fp8=fp8).launches()[1:-1]
     monkeypatch.setattr(prefix_mma_v2, "unavailable_reason", lambda: "an untested Triton")
     plan_verify.cache_clear()
-    (fallback,) = _plan(8, 9, "sm120").launches()[1:-1]
-    assert (gluon.kernel, fallback.kernel) == ("prefix_mma_v2_kernel", "prefix_chunked_kernel")
-    assert gluon.grid == fallback.grid and gluon.grid[0] == 5  # GLM-5's 72 rows: five 16-row blocks
-    assert (dict(gluon.constexprs)["BLOCK_N"], gluon.num_warps) == (32, 8)
-    assert (dict(fallback.constexprs)["BLOCK_N"], fallback.num_warps) == (64, 4)
+    fallback = _plan(8, 9, "sm120", kv_fp8=fp8).launches()[1:-1]
+    assert [launch.kernel for launch in gluon] == ["prefix_mma_v2_kernel"] * 2
+    assert [launch.kernel for launch in fallback] == ["prefix_split_kernel" if fp8 else "prefix_chunked_kernel"] * 2
+    assert [launch.grid for launch in gluon] == [launch.grid for launch in fallback]
+    assert [(launch.grid[0], launch.row_base) for launch in gluon] == [(2, 0), (1, 64)]
+    assert [dict(launch.constexprs)["BLOCK_M"] for launch in gluon] == [32, 16]
+    assert all((dict(launch.constexprs)["BLOCK_N"], launch.num_warps) == (32, 8) for launch in gluon)
     # grids are sized for the GPU planned for: the RTX PRO 6000's 188 SMs, not the machine's
     assert _plan(8, 9, "sm120").num_splits != plan_verify(1, 8, 9, 9, "cpu", gpu=((12, 0), 132)).num_splits
 
@@ -65,9 +70,11 @@ def test_separate_values_on_sm120_fall_back_to_the_split_kernel():
     assert [launch.kernel for launch in plan.launches()[1:-1]] == ["prefix_split_kernel"]
 
 
-def test_glm5_on_sm120_reads_the_prefix_once_per_16_row_block():
-    (prefix,) = _plan(8, 9, "sm120").launches()[1:-1]
-    assert prefix.grid[0] == 5 and "BLOCK_M 16" in prefix.tile  # 72 rows: five reads of each key tile
+def test_glm5_on_sm120_reads_the_prefix_three_times():
+    """72 rows: two 32-row blocks and an 8-row tail on a 16-row block read each key tile three times (16-row
+    blocks alone would read it five times)."""
+    wide, tail = _plan(8, 9, "sm120").launches()[1:-1]
+    assert (wide.grid[0], tail.grid[0]) == (2, 1) and "BLOCK_M 32" in wide.tile and "BLOCK_M 16" in tail.tile
 
 
 @pytest.mark.parametrize("interpreted", [True, False])
@@ -94,6 +101,6 @@ def test_launch_constexprs_are_what_the_kernel_is_compiled_with(monkeypatch, int
 def test_description_names_config_and_launches(capsys):
     text = describe(8, 9, gpu="sm120")
     lines = text.splitlines()
-    assert "72 rows a request" in lines[0] and "config sm120" in lines[0] and len(lines) == 4
+    assert "72 rows a request" in lines[0] and "config sm120" in lines[0] and len(lines) == 5  # + wide and tail
     assert main(["--heads", "8", "--draft", "9", "--kv", "fp8", "--gpu", "sm120"]) == 0
     assert "fp8_e4m3 cache" in capsys.readouterr().out
