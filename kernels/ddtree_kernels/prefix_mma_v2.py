@@ -269,8 +269,10 @@ if not _GLUON_ERROR:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
         SCALE_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
     ):
-        gl.static_assert(BLOCK_M % 16 == 0 and num_warps % (SLICES * (BLOCK_M // 16)) == 0 and BLOCK_N == 32,
-                         "a warp for each (slice, 16 rows, key part); 32 keys")
+        gl.static_assert(BLOCK_M % 16 == 0 and num_warps % (SLICES * (BLOCK_M // 16)) == 0,
+                         "a warp for each (slice, 16 rows, key part)")
+        # 16 keys: 43 KB and 128 registers at 16 rows, two programs an SM (the sweep's 16x16x8x2x2 tile).
+        gl.static_assert(BLOCK_N == 32 or BLOCK_N == 16, "32 or 16 keys a tile")
         gl.static_assert(D_V % (SLICES * 16) == 0 and D_R % (SLICES * 16) == 0, "whole k-steps a slice")
         if USE_PDL:
             _grid_dependency(False)
