@@ -103,7 +103,8 @@ if not _GLUON_ERROR:
                   D_V: gl.constexpr, D_R: gl.constexpr, BLOCK_N: gl.constexpr, G_NOPE: gl.constexpr,
                   G_ROPE: gl.constexpr):
         """Keys start .. start + BLOCK_N (zeros from hi on) of an fp8 cache into registers, still 8-bit
-        (_tile_ptrs' order): widened when they are stored, so that the load's wait is the iteration's end."""
+        (_tile_ptrs' order), widened when they are stored at the iteration's end. (ptxas issues these loads
+        after the score MMAs; issuing them a whole iteration earlier measured no faster: tuning log, session 20.)"""
         n_ptrs, n_ok, r_ptrs, r_ok = _tile_ptrs(K_buf, slot, slot_r, start, hi, stride_ks, D_V, D_R, BLOCK_N,
                                                 G_NOPE, G_ROPE)
         return gl.load(n_ptrs, mask=n_ok, other=0.0), gl.load(r_ptrs, mask=r_ok, other=0.0)

@@ -307,3 +307,19 @@ def test_a_tile_and_its_fallback_plan_alike():
     for name, field, tile in with_fallback:
         assert (tile.fallback.block_m, tile.fallback.ctas_per_sm) == (tile.block_m, tile.ctas_per_sm), (name, field)
         assert tile.fallback.fallback is None and not tile.fallback.mma_v2, (name, field)
+
+
+def test_with_fallbacks_swaps_exactly_the_tiles_that_have_one():
+    """What runs without the Gluon tiles (the fit report compiles it, the CPU tests run it): every tile with a
+    fallback replaced by it, every other field as it was."""
+    import dataclasses
+
+    from ddtree_kernels.configs import SM120
+
+    plain = SM120.with_fallbacks()
+    for field in dataclasses.fields(SM120):
+        tile = getattr(SM120, field.name)
+        expected = tile.fallback if getattr(tile, "fallback", None) is not None else tile
+        assert getattr(plain, field.name) == expected, field.name
+    assert plain.prefix.chunked and plain.prefix_fp8.keys_major and not plain.prefix_wide.mma_v2
+    assert plain.with_fallbacks() == plain  # fallbacks have no fallback of their own
