@@ -42,7 +42,7 @@ class TileConfig:
     # Prefix tiles with values read from the key rows: prefix_chunked.py's kernel, the scores as four
     # independent MMA chains instead of one down the whole latent (for GPUs without wgmma).
     chunked: bool = False
-    # Prefix tiles for a 16-bit cache with values read from the key rows: prefix_mma_v2.py's Gluon kernel
+    # Prefix tiles for a cache (16-bit or fp8) with values read from the key rows: prefix_mma_v2.py's Gluon kernel
     # (mma.sync, the latent split across the warps), where it runs (prefix_mma_v2.supports). Elsewhere
     # (the interpreter, an untested Triton, another cache) `fallback` takes its launches: same rows a
     # program and programs an SM, so the plan's splits and row blocks hold for both.

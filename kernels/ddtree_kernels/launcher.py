@@ -258,7 +258,7 @@ class VerifyPlan:
     def mma_v2(self, tile: TileConfig) -> bool:
         """This prefix tile runs prefix_mma_v2_kernel (TileConfig.mma_v2, where it applies)."""
         return tile.mma_v2 and not interpreting() and prefix_mma_v2.supports(
-            kv_fp8=self.kv_fp8, v_from_k=self.v_from_k, d_v=self.d_v, d_rope=self.d_rope)
+            v_from_k=self.v_from_k, d_v=self.d_v, d_rope=self.d_rope)
 
     def chunked(self, tile: TileConfig) -> bool:
         """This prefix tile runs prefix_chunked_kernel (TileConfig.chunked, where it applies)."""

@@ -46,10 +46,9 @@ if not _GLUON_ERROR:
     SLICES = gl.constexpr(4)  # latent slices, one a group of warps
 
 
-def supports(*, kv_fp8: bool, v_from_k: bool, d_v: int, d_rope: int) -> bool:
+def supports(*, v_from_k: bool, d_v: int, d_rope: int) -> bool:
     """The kernel serves this cache with the installed Triton (gluon_shared.unavailable_reason): 16-bit or
-    fp8 e4m3, values read from the key rows, D_V 512 and D_R 64 (GLM-5, DeepSeek)."""
-    del kv_fp8  # both caches
+    fp8 e4m3 (either dtype), values read from the key rows, D_V 512 and D_R 64 (GLM-5, DeepSeek)."""
     return not unavailable_reason() and v_from_k and d_v == 512 and d_rope == 64
 
 
@@ -140,24 +139,17 @@ if not _GLUON_ERROR:
                                                       instr_shape=[1, 16, 8])
         A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-        if KV_FP8:
-            # 16-byte loads of 8-bit values, a slice's 128 across 8 threads; 4-byte loads of the rope. The MMAs
-            # run in fp16, one native convert from e4m3.
-            dtype: gl.constexpr = gl.float16
-            G_NOPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per_warp=[1, 4, 8],
-                                                    warps_per_cta=[SLICES, WARPS // SLICES, 1], order=[2, 1, 0])
-            G_ROPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4],
-                                                    threads_per_warp=[1, 32 * 4 // RW, RW // 4],
-                                                    warps_per_cta=[SLICES, WARPS // SLICES, 1], order=[2, 1, 0])
-        else:
-            # cp.async: 16-byte vectors of values, a slice's 128 across 16 threads; the rope spread over all.
-            dtype: gl.constexpr = K_buf.dtype.element_ty
-            G_NOPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 8], threads_per_warp=[1, 2, 16],
-                                                    warps_per_cta=[SLICES, WARPS // SLICES, 1], order=[2, 1, 0])
-            RV: gl.constexpr = SLICES * BLOCK_N * RW // (32 * WARPS)  # rope values a thread gathers
-            G_ROPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, RV],
-                                                    threads_per_warp=[1, 32 * RV // RW, RW // RV],
-                                                    warps_per_cta=[SLICES, WARPS // SLICES, 1], order=[2, 1, 0])
+        # 16-byte vectors of values, a slice's 128 across 16 threads (8 for fp8); the rope spread over all
+        # threads, 4-byte loads of it for fp8. An fp8 cache's MMAs run in fp16: one native convert from e4m3.
+        dtype: gl.constexpr = gl.float16 if KV_FP8 else K_buf.dtype.element_ty
+        VEC: gl.constexpr = 16 if KV_FP8 else 8
+        G_NOPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, VEC],
+                                                threads_per_warp=[1, 32 * VEC // NW, NW // VEC],
+                                                warps_per_cta=[SLICES, WARPS // SLICES, 1], order=[2, 1, 0])
+        RV: gl.constexpr = 4 if KV_FP8 else SLICES * BLOCK_N * RW // (32 * WARPS)  # rope values a thread loads
+        G_ROPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, RV],
+                                                threads_per_warp=[1, 32 * RV // RW, RW // RV],
+                                                warps_per_cta=[SLICES, WARPS // SLICES, 1], order=[2, 1, 0])
         # The partial scores summed: each thread holds its keys of one row in every slice.
         ROWS_W: gl.constexpr = BLOCK_M // WARPS
         RED: gl.constexpr = gl.BlockedLayout(size_per_thread=[SLICES, 1, BLOCK_N * ROWS_W // 32],

@@ -163,7 +163,8 @@ def _variant(launch: Launch, kv: str, v_from_k: bool, call: dict) -> str:
 def _jobs(name: str, conf: VerifyConfig, cap: tuple[int, int], must_fit: bool) -> list[tuple]:
     """One compile job for each distinct launch of `conf`'s plans on `cap` (VerifyPlan.launches), and of
     its tiles' fallbacks (what a Triton without the Gluon kernel runs)."""
-    confs = [conf] + ([conf.with_fallbacks()] if conf.with_fallbacks() != conf else [])
+    plain = conf.with_fallbacks()
+    confs = [conf] + ([plain] if plain != conf else [])
     plans = [plan_verify(1, heads, draft, draft, "cpu", config=c, kv_fp8=fp8, v_from_k=v_from_k,
                          gpu=(cap, _TARGET_SMS[cap]))
              for c in confs for heads, draft in _SHAPES for fp8 in (False, True) for v_from_k in (True, False)]
