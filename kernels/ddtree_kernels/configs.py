@@ -83,6 +83,11 @@ class VerifyConfig:
     # wgmma's N, so a few rows do not pay for 64 on the tensor cores. One tile per cache dtype (V in K).
     prefix_narrow_gluon: TileConfig | None = None
     prefix_narrow_fp8_gluon: TileConfig | None = None
+    # Where those do not apply, requests of at most block_m rows (decode at 8 or 16 heads), V read from K,
+    # take this tile: few enough keys a step that two programs share an SM, so a decode step keeps twice
+    # the gathers in flight. One per cache dtype; None: such requests take `prefix` (or `prefix_fp8`).
+    prefix_small: TileConfig | None = None
+    prefix_small_fp8: TileConfig | None = None
     wide_min_rows: int = 64
     # Where the wide tile is hopper/prefix.py's kernel, requests from this many rows take it, as one block
     # with the rows past the request masked: 17-63 rows then read the prefix once, not once a 16-row
@@ -119,8 +124,10 @@ class VerifyConfig:
                    gluon: bool = False) -> TileConfig:
         """The prefix tile for requests of up to this many rows each, on this cache layout (`gluon`:
         where hopper/prefix.py's kernel runs, hopper.plan.gluon_supports)."""
-        if gluon and v_from_k:
-            few = self.prefix_narrow_fp8_gluon if kv_fp8 else self.prefix_narrow_gluon
+        if v_from_k:
+            narrow_gluon = self.prefix_narrow_fp8_gluon if kv_fp8 else self.prefix_narrow_gluon
+            few = narrow_gluon if gluon and narrow_gluon is not None else (
+                self.prefix_small_fp8 if kv_fp8 else self.prefix_small)
             if few is not None and rows_per_request <= few.block_m:
                 return few
         wide = self.wide_for(kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon)
@@ -154,14 +161,16 @@ class VerifyConfig:
         return tail if tail <= self.wide_tail_max_rows else 0
 
 
-# sm_120: 99 KB of shared memory a block and ~100 KB an SM, so each prefix tile is one program an
-# SM (fit report). A cache with V in K takes prefix_mma_v2.py's Gluon tiles (mma.sync, 32 keys, 8
-# warps splitting the latent, two stages): 16 rows (86 KB), and for requests of 64+ rows 32 rows
-# (98 KB; GLM-5's 72 rows: two 32-row blocks and an 8-row tail on the 16-row tile, three reads of
-# each key tile instead of five). fp8 runs the same tiles, loading 8-bit keys and widening them to
-# fp16 in shared memory. Without Gluon the 16-bit tiles fall back to prefix_chunked.py's (four short
-# score chains) and the fp8 ones to prefix.py's keys-major tiles, widened in registers (8 warps to
-# stay spill-free). Why each choice, with timings: kernels/results/sweep-h200.log (sessions 5, 6, 17-20).
+# sm_120: 99 KB of shared memory a block and ~100 KB an SM (fit report). A cache with V in K takes
+# prefix_mma_v2.py's Gluon tiles (mma.sync, 8 warps splitting the latent, two stages), one program an
+# SM: 16 rows x 32 keys (83 KB), and for requests of 64+ rows 32 rows (92 KB; GLM-5's 72 rows: two
+# 32-row blocks and an 8-row tail on the 16-row tile, three reads of each key tile instead of five).
+# fp8 runs the same tiles, loading 8-bit keys and widening them to fp16 in shared memory; its decode
+# (up to 16 rows) takes a 16-key form (42 KB, 128 registers), two programs an SM, one's widening
+# hidden behind the other's (a 16-bit cache's cp.async gathers measured no faster so). Without Gluon
+# the 16-bit tiles fall back to prefix_chunked.py's (four short score chains) and the fp8 ones to
+# prefix.py's keys-major tiles, widened in registers (8 warps to stay spill-free). Why each choice,
+# with timings: kernels/results/sweep-h200.log (sessions 5, 6, 17-21).
 SM120 = VerifyConfig(
     prefix=TileConfig(block_m=16, block_n=32, num_warps=8, num_stages=2, ctas_per_sm=1, mma_v2=True,
                       fallback=TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=1,
@@ -176,6 +185,9 @@ SM120 = VerifyConfig(
     prefix_wide_fp8=TileConfig(block_m=32, block_n=32, num_warps=8, num_stages=2, ctas_per_sm=1, mma_v2=True,
                                fallback=TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=3, ctas_per_sm=1,
                                                    keys_major=True)),
+    prefix_small_fp8=TileConfig(block_m=16, block_n=16, num_warps=8, num_stages=2, ctas_per_sm=2, mma_v2=True,
+                                fallback=TileConfig(block_m=16, block_n=16, num_warps=4, num_stages=2, ctas_per_sm=2,
+                                                    keys_major=True)),
     tree=TileConfig(block_m=32, block_n=32, num_warps=8, num_stages=1),
     merge_block_d=32,
     merge_block_s=128,
@@ -192,6 +204,8 @@ HOPPER = dataclasses.replace(
     prefix_wide=TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1, gluon=True),
     prefix_wide_fp8=TileConfig(block_m=64, block_n=32, num_warps=8, num_stages=2, ctas_per_sm=1, keys_major=True),
     prefix_wide_fp8_gluon=TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1, gluon=True),
+    prefix_small=None,
+    prefix_small_fp8=None,
     prefix_narrow_gluon=TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=1, keys_major=True,
                                    gluon=True),
     prefix_narrow_fp8_gluon=TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=2,

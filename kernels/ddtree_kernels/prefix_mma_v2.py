@@ -6,14 +6,15 @@ key tile it gathers (one buffer: the next gather starts when the tile is used up
 the queries from shared memory each step. Here 8 warps share each key tile, and none of them
 repeats another's work:
 
-- The warps form SLICES x GROUPS x PARTS. Warp (b, g, h) owns a quarter of the latent, value
-  columns 128b .. 128b + 128 and rope columns 16b .. 16b + 16, for rows 16g .. 16g + 16, whose
-  queries stay in its registers for the whole loop. It scores part h of the key tile against them
-  (a partial score, as three independent mma.sync chains: two value halves and the rope) and
-  accumulates its 128 / PARTS of the slice's value columns. 16 rows: two parts; 32 rows: one part
-  (a warp then does twice the MMAs for the same gather, softmax and barriers).
+- The warps form SLICES x PARTS. Warp (b, h) owns a quarter of the latent, value columns
+  128b .. 128b + 128 and rope columns 16b .. 16b + 16, for all BLOCK_M rows, whose queries stay in
+  its registers for the whole loop. It scores part h of the key tile against them (a partial score,
+  as three independent mma.sync chains: two value halves and the rope) and accumulates its
+  128 / PARTS of the slice's value columns. Each key fragment a warp loads from shared memory thus
+  serves every row: 32 rows read the shared tile once, not once a 16-row group (shared-memory
+  bandwidth, not the tensor cores, is what the 32-row tile ran short of).
 - The SLICES partial scores are summed through shared memory; the softmax runs on the sum, a few
-  rows a warp, and P goes back through shared memory, once for each slice.
+  rows a warp, and P goes back through shared memory, one copy that every warp reads.
 - A 16-bit cache's key tile is gathered by cp.async, chunk-major ([SLICES, BLOCK_N, 128] values and
   [SLICES, BLOCK_N, 16] rope), into two stages: the next tile lands while this one is used. An fp8
   cache's next tile is loaded into registers (half the bytes) and widened to fp16 into the other
@@ -131,11 +132,10 @@ if not _GLUON_ERROR:
         normalised partial output and base-2 LSE."""
         NW: gl.constexpr = D_V // SLICES  # value columns a slice
         RW: gl.constexpr = D_R // SLICES  # rope columns a slice
-        GROUPS: gl.constexpr = BLOCK_M // 16  # row groups, 16 rows (one mma.sync M) each
-        PARTS: gl.constexpr = WARPS // (SLICES * GROUPS)  # the key tile's parts (scores), a slice's column parts
-        # [slice, rows, keys or columns] on warps [SLICES, GROUPS, PARTS]: warp (b, g, h) takes slice b, rows
-        # 16g .. 16g + 16, part h.
-        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[SLICES, GROUPS, PARTS],
+        PARTS: gl.constexpr = WARPS // SLICES  # the key tile's parts (scores), a slice's column parts
+        # [slice, rows, keys or columns] on warps [SLICES, 1, PARTS]: warp (b, h) takes slice b, part h and every
+        # row (BLOCK_M / 16 mma.sync M steps), so each shared key fragment it loads serves all the rows.
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[SLICES, 1, PARTS],
                                                       instr_shape=[1, 16, 8])
         A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
@@ -173,9 +173,12 @@ if not _GLUON_ERROR:
                                                 gl.SwizzledSharedLayout(8, 1, 8, order=[2, 1, 0]))
         rope_stages = gl.allocate_shared_memory(dtype, [2, SLICES, BLOCK_N, RW],
                                                 gl.SwizzledSharedLayout(8, 4, 2, order=[2, 1, 0]))
+        # Partial scores: each 8-key column block of 8 rows (one mma.sync store) on distinct banks. P: one copy,
+        # which every slice's warps read.
         s_buf = gl.allocate_shared_memory(gl.float32, [SLICES, BLOCK_M, BLOCK_N],
-                                          gl.SwizzledSharedLayout(2, 1, 8, order=[2, 1, 0]))
-        p_buf = gl.allocate_shared_memory(dtype, [SLICES, BLOCK_M, BLOCK_N],
+                                          gl.SwizzledSharedLayout(8, max(1, 32 // BLOCK_N), BLOCK_N // 8,
+                                                                  order=[2, 1, 0]))
+        p_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_M, BLOCK_N],
                                           gl.SwizzledSharedLayout(8, 2, 4, order=[2, 1, 0]))
         alpha_buf = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 
@@ -190,7 +193,7 @@ if not _GLUON_ERROR:
         slot, slot_r = _slots(kv_indices, kv_base, lo + BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
         acc = gl.zeros([SLICES, BLOCK_M, NW], gl.float32, MMA)
         s_zero = gl.zeros([SLICES, BLOCK_M, BLOCK_N], gl.float32, MMA)
-        p_bcast = gl.zeros([SLICES, BLOCK_M, BLOCK_N], dtype, RED)
+        p_bcast = gl.zeros([SLICES, BLOCK_M, BLOCK_N], dtype, A_OP)
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROWS)
         l_i = gl.zeros([BLOCK_M], gl.float32, ROWS)
         offs_key = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S2))
@@ -224,11 +227,12 @@ if not _GLUON_ERROR:
             p = gl.exp2(scores - m_safe[:, None])
             l_i = l_i * alpha + gl.sum(p, 1)
             m_i = m_new
-            p_buf.store(gl.expand_dims(p.to(dtype), 0) + p_bcast)
+            p_buf.store(gl.expand_dims(p.to(dtype), 0))
             alpha_buf.store(alpha)
             _cta_barrier()
             acc = acc * gl.expand_dims(gl.expand_dims(alpha_buf.load(O_ROWS), 0), 2)
-            acc = mma_v2(p_buf.load(A_OP), keys.load(B_OP), acc)
+            p_op, _ = gl.broadcast(p_buf.load(A_OP), p_bcast)
+            acc = mma_v2(p_op, keys.load(B_OP), acc)
             if KV_FP8:
                 nope_stages.index(1 - stage).store(keys8.to(dtype))
                 rope_stages.index(1 - stage).store(rope8.to(dtype))
@@ -262,8 +266,10 @@ if not _GLUON_ERROR:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
         SCALE_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
     ):
-        gl.static_assert(BLOCK_M % 16 == 0 and num_warps % (SLICES * (BLOCK_M // 16)) == 0,
-                         "a warp for each (slice, 16 rows, key part)")
+        gl.static_assert((BLOCK_M == 16 or BLOCK_M == 32) and num_warps % SLICES == 0
+                         and BLOCK_N % (8 * (num_warps // SLICES)) == 0,
+                         "16 or 32 rows (a warp's queries and accumulator in registers); a warp for each (slice, "
+                         "key part of 8+ keys)")
         # 16 keys: 43 KB and 128 registers at 16 rows, two programs an SM (the sweep's 16x16x8x2x2 tile).
         gl.static_assert(BLOCK_N == 32 or BLOCK_N == 16, "32 or 16 keys a tile")
         gl.static_assert(D_V % (SLICES * 16) == 0 and D_R % (SLICES * 16) == 0, "whole k-steps a slice")

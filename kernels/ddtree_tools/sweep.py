@@ -58,6 +58,7 @@ def time_config(case: Case, tile: TileConfig, device: str = "cuda", min_chunk: i
                               min_chunk=min_chunk or SM120.min_chunk, prefetch_slots=prefetch_slots, pdl=pdl,
                               gluon_tail_max_rows=SM120.gluon_tail_max_rows if gluon_tail is None else gluon_tail,
                               prefix_narrow_gluon=gluon_narrow, prefix_narrow_fp8_gluon=gluon_narrow,
+                              prefix_small=None, prefix_small_fp8=None,
                               gluon_tail_partition=tail_partition)
     if merge:
         cfg = dataclasses.replace(cfg, merge_block_d=merge[0], merge_block_s=merge[1])

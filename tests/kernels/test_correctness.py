@@ -222,7 +222,9 @@ def test_a_plan_for_another_cache_layout_is_refused():
     # else their fallbacks: the chunked tiles for 16 bits, the keys-major ones for fp8.
     ([0, 700, 1301], [9, 1, 5], 8, {}, "gluon"),
     ([0, 700, 1301], [9, 1, 5], 8, {"kv_dtype": FP8}, "gluon"),
-    ([2081, 5], [1, 1], 16, {"kv_dtype": FP8}, "gluon"),  # decode: the 16-row tile alone
+    # decode: fp8 on the 16-key tile, two programs an SM; 16 bits on the 16-row tile
+    ([2081, 5], [1, 1], 16, {"kv_dtype": FP8}, "gluon"),
+    ([1301, 0, 700], [1, 1, 1], 8, {}, "gluon"),
     ([900], [9], 8, {"d_v": 128, "d_rope": 32}, "prefix_chunked_kernel"),  # 32-column chunks
     ([300], [5], 2, {"d_v": 64, "d_rope": 0}, "prefix_split_kernel"),  # no rope part: not the chunked tile
     ([600], [9], 8, {"separate_v": True}, "prefix_split_kernel"),  # values apart from the keys

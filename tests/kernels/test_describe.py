@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
 
 from ddtree_kernels import launcher, prefix_mma_v2
+from ddtree_kernels.configs import SM120
 from ddtree_kernels.describe import GPUS, describe, main
 from ddtree_kernels.launcher import plan_verify
 
@@ -40,7 +42,9 @@ def test_sm120_runs_no_hopper_kernel(compiled, monkeypatch, gluon):
         fallback = "prefix_split_kernel" if fp8 else "prefix_chunked_kernel"
         assert kernels[0] == "tree_block_kernel" and kernels[-1] == "merge_parts_kernel"
         assert set(kernels[1:-1]) == {"prefix_mma_v2_kernel" if gluon else fallback}, kernels
-        assert not plan.gluon and all(launch.ctas_per_sm == 1 for launch in plan.launches()[1:-1])
+        # fp8 decode (up to 16 rows) takes the 16-key tile, two programs an SM; every other tile fills an SM
+        resident = 2 if fp8 and heads * draft <= 16 else 1
+        assert not plan.gluon and all(launch.ctas_per_sm == resident for launch in plan.launches()[1:-1])
 
 
 @pytest.mark.parametrize("fp8", [False, True])
@@ -62,6 +66,30 @@ def test_sm120_gluon_tiles_and_their_fallbacks_share_the_plan(compiled, monkeypa
     assert all((dict(launch.constexprs)["BLOCK_N"], launch.num_warps) == (32, 8) for launch in gluon)
     # grids are sized for the GPU planned for: the RTX PRO 6000's 188 SMs, not the machine's
     assert _plan(8, 9, "sm120").num_splits != plan_verify(1, 8, 9, 9, "cpu", gpu=((12, 0), 132)).num_splits
+
+
+def test_sm120_fp8_decode_takes_two_small_programs_an_sm(compiled, monkeypatch):
+    """With an fp8 cache, requests of up to 16 rows (decode at 8 or 16 heads) take the 16-key tile, two programs
+    an SM, so twice the splits of the 16-row tile; its fallback shares the plan. 24 rows take the 16-row tile
+    again, and a 16-bit cache keeps the 16-row tile for decode too."""
+    if prefix_mma_v2.unavailable_reason():
+        pytest.skip(f"this Triton does not build the Gluon tile: {prefix_mma_v2.unavailable_reason()}")
+    no_small = dataclasses.replace(SM120, prefix_small_fp8=None)
+    for heads, draft in [(8, 1), (16, 1), (8, 2)]:
+        plan = _plan(heads, draft, "sm120", kv_fp8=True)
+        (launch,) = plan.launches()[1:-1]
+        assert launch.kernel == "prefix_mma_v2_kernel" and launch.ctas_per_sm == 2
+        assert (dict(launch.constexprs)["BLOCK_M"], dict(launch.constexprs)["BLOCK_N"]) == (16, 16)
+        assert plan.num_splits == 2 * _plan(heads, draft, "sm120", kv_fp8=True, config=no_small).num_splits
+        with monkeypatch.context() as m:
+            m.setattr(prefix_mma_v2, "unavailable_reason", lambda: "an untested Triton")
+            plan_verify.cache_clear()
+            (fallback,) = _plan(heads, draft, "sm120", kv_fp8=True).launches()[1:-1]
+        plan_verify.cache_clear()
+        assert fallback.kernel == "prefix_split_kernel" and dict(fallback.constexprs)["KEYS_MAJOR"]
+        assert (fallback.grid, fallback.ctas_per_sm) == (launch.grid, 2)
+        assert _plan(heads, draft, "sm120").launches()[1].ctas_per_sm == 1
+    assert _plan(8, 3, "sm120", kv_fp8=True).launches()[1].ctas_per_sm == 1
 
 
 def test_separate_values_on_sm120_fall_back_to_the_split_kernel():
