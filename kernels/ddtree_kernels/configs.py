@@ -84,8 +84,8 @@ class VerifyConfig:
     prefix_narrow_gluon: TileConfig | None = None
     prefix_narrow_fp8_gluon: TileConfig | None = None
     # Where those do not apply, requests of at most block_m rows (decode at 8 or 16 heads), V read from K,
-    # take this tile: few enough keys a step that two programs share an SM, so a decode step keeps twice
-    # the gathers in flight. One per cache dtype; None: such requests take `prefix` (or `prefix_fp8`).
+    # take this tile: few enough keys a step that two programs share an SM, one's latency hidden behind the
+    # other's. One per cache dtype; None: such requests take `prefix` (or `prefix_fp8`).
     prefix_small: TileConfig | None = None
     prefix_small_fp8: TileConfig | None = None
     wide_min_rows: int = 64

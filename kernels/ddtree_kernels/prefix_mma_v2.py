@@ -11,8 +11,8 @@ repeats another's work:
   its registers for the whole loop. It scores part h of the key tile against them (a partial score,
   as three independent mma.sync chains: two value halves and the rope) and accumulates its
   128 / PARTS of the slice's value columns. Each key fragment a warp loads from shared memory thus
-  serves every row: 32 rows read the shared tile once, not once a 16-row group (shared-memory
-  bandwidth, not the tensor cores, is what the 32-row tile ran short of).
+  serves every row: 32 rows read the shared tile once, not once a 16-row group (a quarter less
+  shared-memory traffic a key tile; tuning log, session 21).
 - The SLICES partial scores are summed through shared memory; the softmax runs on the sum, a few
   rows a warp, and P goes back through shared memory, one copy that every warp reads.
 - A 16-bit cache's key tile is gathered by cp.async, chunk-major ([SLICES, BLOCK_N, 128] values and
@@ -193,7 +193,7 @@ if not _GLUON_ERROR:
         slot, slot_r = _slots(kv_indices, kv_base, lo + BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
         acc = gl.zeros([SLICES, BLOCK_M, NW], gl.float32, MMA)
         s_zero = gl.zeros([SLICES, BLOCK_M, BLOCK_N], gl.float32, MMA)
-        p_bcast = gl.zeros([SLICES, BLOCK_M, BLOCK_N], dtype, A_OP)
+        p_bcast = gl.zeros([SLICES, BLOCK_M, BLOCK_N], dtype, A_OP)  # the shape P's one copy is broadcast to
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROWS)
         l_i = gl.zeros([BLOCK_M], gl.float32, ROWS)
         offs_key = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S2))
@@ -270,7 +270,7 @@ if not _GLUON_ERROR:
                          and BLOCK_N % (8 * (num_warps // SLICES)) == 0,
                          "16 or 32 rows (a warp's queries and accumulator in registers); a warp for each (slice, "
                          "key part of 8+ keys)")
-        # 16 keys: 43 KB and 128 registers at 16 rows, two programs an SM (the sweep's 16x16x8x2x2 tile).
+        # 16 keys: 41,536 B and 128 registers at 16 rows, two programs an SM (SM120.prefix_small_fp8).
         gl.static_assert(BLOCK_N == 32 or BLOCK_N == 16, "32 or 16 keys a tile")
         gl.static_assert(D_V % (SLICES * 16) == 0 and D_R % (SLICES * 16) == 0, "whole k-steps a slice")
         if USE_PDL:
