@@ -302,7 +302,7 @@ def test_a_tile_and_its_fallback_plan_alike():
     tiles = [(name, field, getattr(conf, field)) for name, conf in SHIPPED.items() for field in vars(conf)
              if hasattr(getattr(conf, field), "fallback")]
     with_fallback = [(name, field, t) for name, field, t in tiles if t.fallback is not None]
-    assert {("sm120", f) for f in ("prefix", "prefix_fp8", "prefix_wide", "prefix_wide_fp8")} <= {
+    assert {("sm120", f) for f in ("prefix", "prefix_fp8", "prefix_wide", "prefix_wide_fp8", "prefix_small_fp8")} <= {
         (name, field) for name, field, _ in with_fallback}
     for name, field, tile in with_fallback:
         assert (tile.fallback.block_m, tile.fallback.ctas_per_sm) == (tile.block_m, tile.ctas_per_sm), (name, field)
