@@ -170,7 +170,7 @@ class VerifyConfig:
 # hidden behind the other's (a 16-bit cache's cp.async gathers measured no faster so). Without Gluon
 # the 16-bit tiles fall back to prefix_chunked.py's (four short score chains) and the fp8 ones to
 # prefix.py's keys-major tiles, widened in registers (8 warps to stay spill-free). Why each choice,
-# with timings: kernels/results/sweep-h200.log (sessions 5, 6, 17-21).
+# with timings: kernels/results/sweep-h200.log (sessions 5, 6, 17-22).
 SM120 = VerifyConfig(
     prefix=TileConfig(block_m=16, block_n=32, num_warps=8, num_stages=2, ctas_per_sm=1, mma_v2=True,
                       fallback=TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=1,

@@ -199,6 +199,10 @@ if not _GLUON_ERROR:
         offs_key = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S2))
 
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+        # A 32-row tile's 16-bit gather of the next tile waits until its scores are stored: issued at the top, its
+        # cp.asyncs queue ahead of the score MMAs' ldmatrix and delay them, while 32 rows' MMAs leave it time to
+        # land. A 16-row tile has less to hide the gather behind: issued at the top (tuning log, session 22).
+        GATHER_LATE: gl.constexpr = BLOCK_M == 32 and not KV_FP8
         for i in range(n_tiles):
             stage = i % 2
             # Tile i has landed (this thread's copies or stores), then everyone's; and every warp is past tile
@@ -211,9 +215,12 @@ if not _GLUON_ERROR:
             else:
                 async_copy.wait_group(0)
                 _cta_barrier()
-                _gather(nope_stages.index(1 - stage), rope_stages.index(1 - stage), K_buf, slot, slot_r,
-                        start + BLOCK_N, hi, stride_ks, D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
-            slot, slot_r = _slots(kv_indices, kv_base, start + 2 * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
+                if not GATHER_LATE:
+                    _gather(nope_stages.index(1 - stage), rope_stages.index(1 - stage), K_buf, slot, slot_r,
+                            start + BLOCK_N, hi, stride_ks, D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
+                    slot, slot_r = _slots(kv_indices, kv_base, start + 2 * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
+            if KV_FP8:
+                slot, slot_r = _slots(kv_indices, kv_base, start + 2 * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
             keys = nope_stages.index(stage)
             s = mma_v2(qn_lo, keys.slice(0, HALF, dim=2).permute((0, 2, 1)).load(B_OP), s_zero)
             s_hi = mma_v2(qn_hi, keys.slice(HALF, HALF, dim=2).permute((0, 2, 1)).load(B_OP), s_zero)
@@ -221,6 +228,10 @@ if not _GLUON_ERROR:
             s = s + (s_hi + s_r)
             s_buf.store(s)
             _cta_barrier()
+            if GATHER_LATE:
+                _gather(nope_stages.index(1 - stage), rope_stages.index(1 - stage), K_buf, slot, slot_r,
+                        start + BLOCK_N, hi, stride_ks, D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
+                slot, slot_r = _slots(kv_indices, kv_base, start + 2 * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
             scores = gl.sum(s_buf.load(RED), 0)
             scores = gl.where((start + offs_key < hi)[None, :], scores * qk_scale, float("-inf"))
             m_new, m_safe, alpha = _raise_running_max(m_i, gl.max(scores, 1))
