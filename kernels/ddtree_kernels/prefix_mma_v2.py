@@ -218,8 +218,7 @@ if not _GLUON_ERROR:
                 if not GATHER_LATE:
                     _gather(nope_stages.index(1 - stage), rope_stages.index(1 - stage), K_buf, slot, slot_r,
                             start + BLOCK_N, hi, stride_ks, D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
-                    slot, slot_r = _slots(kv_indices, kv_base, start + 2 * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
-            if KV_FP8:
+            if not GATHER_LATE:
                 slot, slot_r = _slots(kv_indices, kv_base, start + 2 * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
             keys = nope_stages.index(stage)
             s = mma_v2(qn_lo, keys.slice(0, HALF, dim=2).permute((0, 2, 1)).load(B_OP), s_zero)
