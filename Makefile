@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 PYTEST_ARGS ?=
 
-.PHONY: help setup test test-gpu test-sglang-gpu lint fit wheel clean bench-kernels sglang-wheel release-job smoke-test bench \
+.PHONY: help setup test test-gpu test-sglang-gpu gpu-carry test-server-gpu lint fit wheel clean bench-kernels sglang-wheel release-job smoke-test bench \
 	deploy check rollback testhost testhost-down
 
 help:  ## list the targets
@@ -55,6 +55,15 @@ SGLANG_SNAPSHOTS ?= $(firstword $(wildcard ../shared/sglang-src) .cache/sglang-s
 test-sglang-gpu:  ## on a CUDA machine: SGLang's own DDTree backend, pools and CUDA graphs around our kernel
 	DDTREE_SGLANG_SNAPSHOTS=$(SGLANG_SNAPSHOTS) PYTHONPATH="kernels:.:$$PYTHONPATH" $(GPU_PYTHON) -m pytest tests/sglang_gpu \
 	  -v -p no:cacheprovider $(PYTEST_ARGS)
+
+# A real SGLang server on a GPU machine without a package index: `make gpu-carry` here packs .gpu/
+# (tests/server_gpu/carry.py), then on the GPU machine `make test-server-gpu` (tests/server_gpu/e2e.py).
+E2E_ARGS ?=
+gpu-carry: setup  ## pack into .gpu/ what test-server-gpu needs on a GPU machine without a package index
+	$(PY) -m tests.server_gpu.carry
+
+test-server-gpu:  ## on a CUDA machine, after gpu-carry: the production launch served for real, smoke, bench, profiles
+	PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m tests.server_gpu.e2e $(E2E_ARGS)
 
 SGLANG_VERSION ?= 0.5.23
 SGLANG_WHEEL ?= $(firstword $(wildcard .cache/wheels/sglang-$(SGLANG_VERSION)-*.whl))

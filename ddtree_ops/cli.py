@@ -5,6 +5,7 @@
     ddtree-ops smoke --endpoint URL [--model M] [--min-accept-length X] [--wait S] [--verify-stats DIR] [--json FILE]
     ddtree-ops bundle --sglang-version 0.5.23 [--pip-source wheelhouse|index] [--out DIR] [--json]
     ddtree-ops launch-check [--preload MODULE] [--json] -- SERVER ARGS...
+    ddtree-ops model-view CHECKPOINT VIEW [--json]
     ddtree-ops testhost up|down [--dir .cache/testhosts] [--count 1]
     ddtree-ops bench --endpoint URL [--contexts 8192,...] [--concurrency 1,4] [--out DIR] [--previous FILE]
 """
@@ -125,6 +126,22 @@ def _launch_check(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _model_view(args: argparse.Namespace) -> int:
+    from .model_view import ModelViewError, make_view
+
+    try:
+        view = make_view(args.source, args.dest)
+    except ModelViewError as exc:
+        print(f"ddtree-ops model-view: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(view.to_json())
+    else:
+        what = "dense-MLA view of a DSA checkpoint" if view.dsa else "view (not a DSA checkpoint: config unchanged)"
+        print(f"{view.dest}: {what}, {view.linked} files linked; loaded back: {view.checked}")
+    return 0
+
+
 def _testhost(args: argparse.Namespace) -> int:
     from . import testhost
 
@@ -200,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--json", action="store_true", help="print the verdict as JSON")
     c.add_argument("server_args", nargs=argparse.REMAINDER, help="-- then the arguments of sglang.launch_server")
     c.set_defaults(func=_launch_check)
+
+    v = sub.add_parser("model-view", help="write the dense-MLA view of a DSA checkpoint (GLM-5) for a DDTree server")
+    v.add_argument("source", help="the checkpoint folder (config.json and weights)")
+    v.add_argument("dest", help="the view's folder (config.json written, every other file linked)")
+    v.add_argument("--json", action="store_true", help="print what was done as JSON")
+    v.set_defaults(func=_model_view)
 
     t = sub.add_parser("testhost", help="start or remove local test hosts (network namespaces with their own sshd)")
     from .testhost import add_arguments as testhost_arguments

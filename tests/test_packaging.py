@@ -27,7 +27,7 @@ def test_kernel_wheel_has_every_module(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     source = {str(p.relative_to(ROOT / "kernels")) for p in (ROOT / "kernels" / "ddtree_kernels").rglob("*.py")}
     assert source <= names, sorted(source - names)
-    assert "ddtree_kernels/sglang/backend.py" in names  # what the SGLang patches import
+    assert "ddtree_kernels/sglang/triton_backend.py" in names  # what the SGLang patches import
     assert not [n for n in names if n.startswith("ddtree_tools/")]  # bench, fit, sweep stay off the hosts
 
 

@@ -13,7 +13,7 @@ import types
 import pytest
 import torch
 
-from ddtree_kernels.sglang.backend import ddtree_backend_class, verify_width
+from ddtree_kernels.sglang.triton_backend import ddtree_backend_class, verify_width
 
 MAX_CONTEXT = 2048
 BLOCK = 16  # --speculative-num-draft-tokens (the DFlash block)

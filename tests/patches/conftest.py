@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -23,9 +24,13 @@ def pristine(tmp_path):
 
 
 def tree_hashes(root: Path) -> dict[str, str]:
-    """sha256 of every file under root (relative path -> digest), .git excluded."""
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and ".git" not in p.relative_to(root).parts
-    }
+    """sha256 of every file under root (relative path -> digest), .git excluded.
+
+    .git is pruned before it is walked: git may repack its objects in the background meanwhile."""
+    out = {}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != ".git"]
+        for name in files:
+            path = Path(folder) / name
+            out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return dict(sorted(out.items()))

@@ -11,8 +11,8 @@ Deployment switches (environment variables, read when SGLang builds its backends
   DDTREE_MASK_CAPABLE_BACKENDS  extra comma-separated backend class names that take a tree mask
 """
 
-from .backend import DDTREE_BACKEND_NAME, make_triton_backend, verify_kernel_choice
 from .mask_policy import TreeVerifyBackendError, is_tree_verify, tree_aware_mask_policy
+from .triton_backend import DDTREE_BACKEND_NAME, make_triton_backend, verify_kernel_choice
 
 __all__ = [
     "DDTREE_BACKEND_NAME",

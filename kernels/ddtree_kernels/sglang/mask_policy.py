@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .backend import DDTREE_BACKEND_NAME
+from .triton_backend import DDTREE_BACKEND_NAME
 
 # Backends on SGLang's skip list that nevertheless take a custom tree mask in TARGET_VERIFY.
 TREE_MASK_CAPABLE = frozenset({"TritonAttnBackend", DDTREE_BACKEND_NAME})

@@ -6,6 +6,11 @@ TARGET_VERIFY when `self.use_verify_splitkv` is true and falls back to
 points it at `ddtree_kernels.sglang_verify_fwd`. The class is built from the
 TritonAttnBackend that the patched registry passes in, so it follows the installed
 SGLang release without importing it here.
+
+This module's name ends in `triton_backend` on purpose: DDTree's worker decides how to feed a
+verify backend from its module name (`resolve_ddtree_target_backend_capability`, ddtree_utils.py:
+`module.endswith("triton_backend")` gets the flat tree mask); under any other name a DDTree server
+refuses the backend at its first decode step.
 """
 
 from __future__ import annotations

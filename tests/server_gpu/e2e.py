@@ -1,0 +1,395 @@
+"""A real SGLang server on the GPU: the production launch with our patches and kernel, measured whole.
+
+    python -m tests.server_gpu.e2e --kernel ddtree,sglang --out DIR     (make test-server-gpu)
+
+On a CUDA machine, from what `make gpu-carry` packed into `.gpu/` on a machine with a package index:
+1. a venv (over the machine's torch and Triton) with the release bundle's wheels (SGLang built from the
+   pinned DDTree commit, ddtree_kernels, ddtree-ops) and SGLang's missing dependencies; our patch tool
+   applies the patch set to that SGLang, as the deploy does;
+2. the models of `models.py` (GLM-5's per-GPU attention, random weights, a DFlash drafter, a local
+   tokenizer), and the dense-MLA view the deploy makes (`ddtree-ops model-view`);
+3. for each kernel (`DDTREE_VERIFY_KERNEL`): `python -m sglang.launch_server` with the argument vector
+   and env file the role renders for production (`.gpu/launch/ct200`), only the model paths, TP size,
+   port and this machine's folders replaced; CUDA graphs on (the default);
+4. against it: the real answers the stand-in server is checked against (`answers.json`), `ddtree-ops
+   smoke` (`--verify-stats` for our kernel), greedy tokens at 8k and 128k for the same-token check,
+   `ddtree-ops bench` at 8k-185k, and SGLang's torch profiler over a few decode steps at 8k and 185k.
+Everything lands in DIR/<kernel>/; `python -m tests.server_gpu.report` turns the runs into
+`server-e2e-h200.json` and its plot. A stage that fails is recorded and the run goes on where it can;
+the exit status is non-zero if anything failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shlex
+import shutil
+import signal
+import site
+import subprocess
+import sys
+import tarfile
+import time
+import traceback
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parents[2]
+GPU = REPO / ".gpu"
+VENV = GPU / "venv"
+PY = VENV / "bin" / "python"
+OPS = VENV / "bin" / "ddtree-ops"
+LAUNCH = GPU / "launch" / "ct200"
+CONTEXTS = [8192, 32768, 65536, 131072, 185000]
+SAME_TOKEN_CONTEXTS = [8192, 131072]
+PROFILE_CONTEXTS = [8192, 185000]
+REPLACED = {"--model-path", "--speculative-draft-model-path", "--tp", "--port"}
+
+
+def log(msg: str) -> None:
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run(cmd: list, what: str, **kwargs) -> subprocess.CompletedProcess:
+    log(f"{what}: {' '.join(shlex.quote(str(c)) for c in cmd)[:300]}")
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kwargs)
+    if proc.returncode:
+        raise RuntimeError(f"{what} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+    return proc
+
+
+# --- 1. install ---------------------------------------------------------------------------------
+
+def setup() -> dict:
+    """The venv with the bundle's wheels and patches applied (once per machine; kept while it stays warm)."""
+    done = VENV / ".complete"
+    cached = GPU / "triton-cache.tar.gz"  # a previous run's compiled kernels, carried back: a faster start
+    if cached.exists() and not (GPU / "triton-cache").exists():
+        with tarfile.open(cached) as tf:
+            tf.extractall(GPU, filter="data")
+    if done.exists():
+        return json.loads(done.read_text())
+    wheels = GPU / "wheels"
+    wheels.mkdir(exist_ok=True)
+    with tarfile.open(GPU / "wheels.tar.xz") as tf:
+        tf.extractall(wheels, filter="data")
+    run([sys.executable, "-m", "venv", "--without-pip", VENV], "creating the venv")
+    # The image's own packages (torch, Triton, CUDA) come after the venv's: its python may itself be a venv,
+    # which `venv --system-site-packages` would skip.
+    purelib = run([PY, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                  "site-packages").stdout.strip()
+    (Path(purelib) / "_gpu_image.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    run([sys.executable, "-m", "pip", "--python", PY, "install", "--quiet", "--no-index", "--no-deps", "--no-compile",
+         "--disable-pip-version-check", *sorted(wheels.glob("*.whl"))], "installing the wheels")
+    patch = json.loads(run([OPS, "patch", "apply", purelib, "--patches", GPU / "patches", "--json"],
+                           "applying the patch set").stdout)
+    record = {"purelib": purelib, "patch": patch, "carry": json.loads((GPU / "carry.json").read_text())}
+    done.write_text(json.dumps(record, indent=1))
+    return record
+
+
+def make_models() -> dict[str, Path]:
+    root = GPU / "models"
+    paths = {"target": root / "target", "drafter": root / "drafter", "view": root / "target-dense-mla"}
+    if not (root / ".complete").exists():
+        run([PY, "-c", "from tests.server_gpu.models import make_models; from pathlib import Path; "
+             f"make_models(Path({str(root)!r}))"], "making the models", cwd=REPO)
+        (root / ".complete").touch()
+    view = json.loads(run([OPS, "model-view", paths["target"], paths["view"], "--json"], "dense-MLA view").stdout)
+    log(f"view: {view}")
+    return paths
+
+
+# --- 2. the server ------------------------------------------------------------------------------
+
+def production_launch() -> tuple[list[str], dict[str, str]]:
+    """The role's rendered argument vector and env file (playbooks/server-args.yml, inventory/production)."""
+    argv = json.loads((LAUNCH / "server-args.json").read_text())
+    env = {}
+    for line in (LAUNCH / "sglang.env").read_text().splitlines():
+        if line and not line.startswith("#") and "=" in line:
+            name, value = line.split("=", 1)
+            env[name] = value.strip().strip('"')
+    return argv, env
+
+
+def replace_args(argv: list[str], values: dict[str, str]) -> list[str]:
+    out = list(argv)
+    for flag, value in values.items():
+        if flag not in out:
+            raise ValueError(f"the production launch has no {flag}")
+        out[out.index(flag) + 1] = value
+    return out
+
+
+class Server:
+    def __init__(self, kernel: str, models: dict[str, Path], run_dir: Path, port: int = 30000):
+        argv, env = production_launch()
+        self.argv = replace_args(argv, {"--model-path": str(models["view"]),
+                                        "--speculative-draft-model-path": str(models["drafter"]),
+                                        "--tp": "1", "--port": str(port)})
+        self.url = f"http://127.0.0.1:{port}"
+        self.stats = run_dir / "verify-stats"
+        self.stats.mkdir(parents=True, exist_ok=True)
+        for f in self.stats.glob("*"):
+            f.unlink()
+        module = env.pop("DDTREE_SERVER_MODULE")
+        for unit_only in ("DDTREE_SERVER_ARGS", "DDTREE_AUTH_ARGS"):
+            env.pop(unit_only)
+        home = GPU / "home"
+        env |= {"DDTREE_VERIFY_KERNEL": kernel, "DDTREE_VERIFY_STATS_DIR": str(self.stats), "HOME": str(home),
+                "XDG_CACHE_HOME": str(home / "cache"), "HF_HOME": str(home / "cache" / "huggingface"),
+                "TRITON_CACHE_DIR": str(GPU / "triton-cache"), "HF_HUB_OFFLINE": "1"}
+        self.env = env
+        self.cmd = [str(PY), "-m", module, *self.argv]
+        self.log_path = run_dir / "server.log"
+        self.proc: subprocess.Popen | None = None
+        self.health: list[dict] = []  # every distinct health answer while it started (the stand-in's model)
+
+    def start(self, timeout_s: float) -> float:
+        log(f"starting: {' '.join(self.cmd)}")
+        log(f"env: {json.dumps(self.env)}")
+        t0 = time.monotonic()
+        with open(self.log_path, "w") as out:
+            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+                                         cwd=GPU, start_new_session=True)
+        seen = set()
+        while time.monotonic() - t0 < timeout_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({self.proc.returncode}) while starting:\n{self.tail()}")
+            try:
+                resp = requests.get(self.url + "/health_generate", timeout=30)
+                key = (resp.status_code, resp.text[:200])
+                if key not in seen:
+                    seen.add(key)
+                    self.health.append({"after_s": round(time.monotonic() - t0, 1), "status": resp.status_code,
+                                        "body": resp.text[:200], "content_type": resp.headers.get("content-type")})
+                if resp.status_code == 200:
+                    return time.monotonic() - t0
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        raise RuntimeError(f"not healthy after {timeout_s:.0f} s:\n{self.tail()}")
+
+    def tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+# --- 3. what is measured ------------------------------------------------------------------------
+
+def record_answers(url: str) -> dict:
+    """The real server's answers to what the smoke and bench clients send (the stand-in is held to them)."""
+    out: dict = {}
+    s = requests.Session()
+    out["models"] = s.get(url + "/v1/models", timeout=60).json()
+    info = s.get(url + "/server_info", timeout=60)
+    out["server_info"] = info.json() if info.status_code == 200 else {"status": info.status_code}
+    chat = {"model": "glm-5", "messages": [{"role": "user", "content": "w10 w20 w30"}], "temperature": 0,
+            "max_tokens": 16}
+    out["chat"] = s.post(url + "/v1/chat/completions", json=chat, timeout=120).json()
+    stream = s.post(url + "/v1/chat/completions", timeout=120, stream=True,
+                    json=chat | {"stream": True, "stream_options": {"include_usage": True}})
+    out["chat_stream"] = [line for line in stream.iter_lines(decode_unicode=True) if line]
+    gen = {"input_ids": list(range(100, 164)), "sampling_params": {"max_new_tokens": 16, "temperature": 0,
+                                                                     "ignore_eos": True}, "stream": True}
+    stream = s.post(url + "/generate", json=gen, timeout=120, stream=True)
+    out["generate_stream"] = [line for line in stream.iter_lines(decode_unicode=True) if line]
+    return out
+
+
+def bench_prompt(context: int) -> list[int]:
+    """The prompt `ddtree-ops bench` sends at this context (concurrency 1, request 0): its prefix is cached."""
+    import random
+
+    rng = random.Random(hash((context, 1, 0)))
+    return [rng.randrange(100, 32000) for _ in range(context)]
+
+
+def greedy_tokens(url: str, context: int, n: int) -> list[int]:
+    body = {"input_ids": bench_prompt(context), "sampling_params": {"max_new_tokens": n, "temperature": 0,
+                                                                      "ignore_eos": True}}
+    answer = requests.post(url + "/generate", json=body, timeout=900).json()
+    return answer["output_ids"]
+
+
+def profile(url: str, context: int, out_dir: Path, steps: int) -> dict:
+    """SGLang's torch profiler (CPU + GPU, Python stacks) over `steps` decode steps of one request."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    body = {"input_ids": bench_prompt(context), "stream": True,
+            "sampling_params": {"max_new_tokens": 4000, "temperature": 0, "ignore_eos": True}}
+    t0 = time.monotonic()
+    events = 0
+    started = None
+    with requests.post(url + "/generate", json=body, timeout=900, stream=True) as resp:
+        for line in resp.iter_lines(decode_unicode=True):
+            if not line:
+                continue
+            events += 1
+            if started is None and events >= 3:  # the prefill is done and decode runs
+                started = time.monotonic()
+                r = requests.post(url + "/start_profile", timeout=120, json={
+                    "output_dir": str(out_dir), "num_steps": steps, "activities": ["CPU", "GPU"],
+                    "with_stack": True, "record_shapes": False, "profile_prefix": f"ctx{context}"})
+                if r.status_code != 200:
+                    raise RuntimeError(f"/start_profile answered {r.status_code}: {r.text[:300]}")
+            traced = glob.glob(str(out_dir / "*.trace.json.gz"))
+            if started is not None and (traced or time.monotonic() - started > 120):
+                break
+    deadline = time.monotonic() + 120
+    while not glob.glob(str(out_dir / "*.trace.json.gz")) and time.monotonic() < deadline:
+        time.sleep(1)
+    traces = sorted(glob.glob(str(out_dir / "*.trace.json.gz")))
+    if not traces:
+        raise RuntimeError(f"no trace in {out_dir} after profiling {steps} steps")
+    time.sleep(3)  # the exporter writes the file in one go; let it close
+    return {"context": context, "steps": steps, "trace": traces[-1], "seconds": time.monotonic() - t0}
+
+
+def run_kernel(kernel: str, models: dict[str, Path], out: Path, deadline: float, args) -> dict:
+    run_dir = out / kernel
+    run_dir.mkdir(parents=True, exist_ok=True)
+    result: dict = {"kernel": kernel, "failed": [], "stages": {}}
+    server = Server(kernel, models, run_dir)
+    result["argv"] = server.argv
+    result["env"] = server.env
+
+    def stage(name: str, fn, min_left_s: float = 30):
+        if time.monotonic() > deadline - min_left_s:
+            result["failed"].append(f"{name}: skipped, out of time")
+            log(f"{kernel}: {name} skipped (out of time)")
+            return None
+        t0 = time.monotonic()
+        try:
+            value = fn()
+            result["stages"][name] = round(time.monotonic() - t0, 1)
+            log(f"{kernel}: {name} done in {time.monotonic() - t0:.1f} s")
+            return value
+        except Exception as exc:
+            result["failed"].append(f"{name}: {type(exc).__name__}: {exc}"[:4000])
+            log(f"{kernel}: {name} FAILED: {exc}\n{traceback.format_exc()[-2000:]}")
+            return None
+
+    try:
+        started = stage("start", lambda: server.start(min(args.start_timeout, deadline - time.monotonic())), 90)
+        result["start_s"] = started
+        result["health_while_starting"] = server.health
+        if started is None:
+            return result
+        if kernel == args.record_answers:
+            answers = stage("answers", lambda: record_answers(server.url))
+            if answers is not None:
+                answers["health_while_starting"] = server.health
+                (run_dir / "answers.json").write_text(json.dumps(answers, indent=1))
+        smoke_cmd = [OPS, "smoke", "--endpoint", server.url, "--json", run_dir / "smoke.json"]
+        if kernel == "ddtree":
+            smoke_cmd += ["--verify-stats", server.stats]
+        smoke = stage("smoke", lambda: subprocess.run([str(c) for c in smoke_cmd], capture_output=True, text=True))
+        if smoke is not None:
+            (run_dir / "smoke.txt").write_text(smoke.stdout + smoke.stderr)
+            log(f"smoke (exit {smoke.returncode}):\n{smoke.stdout[-1500:]}")
+            if smoke.returncode:
+                result["failed"].append("smoke: " + smoke.stdout.strip().splitlines()[-1] if smoke.stdout else "smoke")
+        bench = stage("bench", lambda: run([OPS, "bench", "--endpoint", server.url, "--contexts",
+                                            ",".join(map(str, args.contexts)), "--concurrency", "1", "--rounds", "1",
+                                            "--output-len", str(args.output_len), "--out", run_dir / "bench"],
+                                           "bench"), min_left_s=60)
+        if bench is not None:
+            log(bench.stdout[-2500:])
+        tokens = {}
+        for ctx in SAME_TOKEN_CONTEXTS:
+            got = stage(f"tokens {ctx}", lambda ctx=ctx: greedy_tokens(server.url, ctx, args.same_tokens))
+            if got is not None:
+                tokens[str(ctx)] = got
+        (run_dir / "tokens.json").write_text(json.dumps(tokens))
+        profiles = []
+        for ctx in PROFILE_CONTEXTS:
+            got = stage(f"profile {ctx}", lambda ctx=ctx: profile(server.url, ctx, run_dir / f"profile-{ctx}",
+                                                                  args.profile_steps), min_left_s=45)
+            if got is not None:
+                profiles.append(got)
+        result["profiles"] = profiles
+        stats = sorted(server.stats.glob("verify-*.json"))
+        result["verify_stats"] = [json.loads(p.read_text()) for p in stats]
+    finally:
+        server.stop()
+        (run_dir / "result.json").write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
+def pack(out: Path, dest: Path, kernels: list[str]) -> None:
+    """Everything but the traces in one tar (the device tool returns 8 files); each trace beside it."""
+    if not dest:
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(dest / "runs.tar.gz", "w:gz") as tf:
+        if (out / "summary.json").exists():
+            tf.add(out / "summary.json", arcname="summary.json")
+        for k in kernels:
+            if (out / k).exists():
+                tf.add(out / k, arcname=k, filter=lambda ti: None if ti.name.endswith(".trace.json.gz") else ti)
+    for k in kernels:
+        for trace in sorted((out / k).glob("profile-*/*.trace.json.gz")):
+            ctx = trace.parent.name.split("-")[1]
+            shutil.copy(trace, dest / f"trace-{k}-{ctx}.json.gz")
+    cache = GPU / "triton-cache"
+    if cache.is_dir():
+        with tarfile.open(dest / "triton-cache.tar.gz", "w:gz") as tf:
+            tf.add(cache, arcname="triton-cache")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernel", default="ddtree,sglang", help="comma-separated: ddtree, sglang")
+    ap.add_argument("--out", type=Path, default=GPU / "runs")
+    ap.add_argument("--pack", type=Path, default=None, help="also pack the runs for transfer into this folder")
+    ap.add_argument("--budget-s", type=float, default=540, help="stop starting new stages after this long")
+    ap.add_argument("--start-timeout", type=float, default=300)
+    ap.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=CONTEXTS)
+    ap.add_argument("--output-len", type=int, default=48)
+    ap.add_argument("--same-tokens", type=int, default=48)
+    ap.add_argument("--profile-steps", type=int, default=8)
+    ap.add_argument("--record-answers", default="ddtree", help="the kernel whose server's answers are recorded")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    deadline = t0 + args.budget_s
+    kernels = [k for k in args.kernel.split(",") if k]
+    summary = {"kernels": {}}
+    try:
+        summary["setup"] = setup()
+        log(f"setup done in {time.monotonic() - t0:.1f} s")
+        models = make_models()
+        log(f"models done at {time.monotonic() - t0:.1f} s")
+        for kernel in kernels:
+            summary["kernels"][kernel] = run_kernel(kernel, models, args.out, deadline, args)
+            if args.pack:  # after each kernel: a call cut short still returns what ran
+                pack(args.out, args.pack, kernels)
+    except Exception as exc:
+        summary["error"] = f"{type(exc).__name__}: {exc}"
+        log(f"FAILED: {exc}\n{traceback.format_exc()[-3000:]}")
+    finally:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        if args.pack:
+            pack(args.out, args.pack, kernels)
+    failed = bool(summary.get("error")) or any(r.get("failed") for r in summary["kernels"].values())
+    for kernel, r in summary["kernels"].items():
+        log(f"{kernel}: start {r.get('start_s')} s, stages {r.get('stages')}, failed {r.get('failed')}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
