@@ -100,6 +100,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _empty(self, code: int) -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def _sse_start(self) -> None:
         # Chunked, one event a chunk, as uvicorn sends SGLang's StreamingResponse.
         self.send_response(200)
@@ -135,16 +140,18 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.path in ("/health", "/health_generate"):
             warming = time.monotonic() - self.stand_in.started < b.warmup_s
-            return self._json(503 if (b.never_healthy or warming) else 200, {})
+            return self._empty(503 if (b.never_healthy or warming) else 200)  # SGLang: no body either way
         if self.path == "/v1/models":
             return self._json(200, {"object": "list", "data": [
                 {"id": b.model, "object": "model", "created": int(time.time()), "owned_by": "sglang",
-                 "root": b.model, "max_model_len": 202752}]})
+                 "root": b.model, "parent": None, "max_model_len": 202752}]})
         if self.path == b.server_info_path:
+            state = {"avg_spec_accept_length": float(b.accept_length), "last_gen_throughput": b.tokens_per_s,
+                     "memory_usage": {"weight": 1.0, "kvcache": 1.0, "token_capacity": 1 << 20, "graph": 0.1}}
             return self._json(200, {"version": b.version, "model_path": f"/models/{b.model}",
-                                    "speculative_algorithm": "DDTREE", "page_size": 1,
-                                    "internal_states": [{"avg_spec_accept_length": float(b.accept_length)}],
-                                    **b.extra_info})
+                                    "served_model_name": b.model, "speculative_algorithm": "DDTREE",
+                                    "speculative_ddtree_budget": 8, "page_size": 1, "attention_backend": "triton",
+                                    "kv_cache_dtype": "bfloat16", "internal_states": [state], **b.extra_info})
         self._json(404, {"error": {"message": f"no route {self.path}"}})
 
     # -- POST --------------------------------------------------------------------------------
@@ -190,7 +197,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _spec_details(self, n: int) -> dict:
         verify = max(1, math.ceil((n - 1) / self.b.accept_length))
-        return {"spec_accept_rate": 0.9, "spec_accept_length": n / verify, "spec_verify_ct": verify}
+        proposed = verify * (self.b.accept_length - 1)
+        return {"spec_accept_rate": 0.9, "spec_accept_length": n / verify, "spec_verify_ct": verify,
+                "spec_num_correct_drafts": n - verify, "spec_num_proposed_drafts": proposed,
+                "spec_accepted_drafts": n - verify, "spec_proposed_drafts": proposed,
+                "spec_correct_drafts_histogram": [verify], "spec_accept_histogram": [verify]}
 
     def _chat(self, body: dict) -> None:
         b = self.b
@@ -200,7 +211,8 @@ class _Handler(BaseHTTPRequestHandler):
             n = 0
         prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", [])) + 8
         total = prompt + n + (1 if b.wrong_usage else 0)
-        usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": total}
+        usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": total,
+                 "prompt_tokens_details": None, "reasoning_tokens": 0}
         rid = f"chatcmpl-{uuid.uuid4().hex[:12]}"
         created = int(time.time())
         finish = "length" if n == max_tokens else "stop"
@@ -208,25 +220,28 @@ class _Handler(BaseHTTPRequestHandler):
             b.report_spec_details and body.get("return_spec_tokens_details") and n) else None
         if not body.get("stream"):
             text = "".join(_words(sum(self._emit(n))))
+            message = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
             answer = {"id": rid, "object": "chat.completion", "created": created, "model": b.model,
-                      "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                   "finish_reason": finish}], "usage": usage}
+                      "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
+                                   "matched_stop": None}], "usage": usage, "metadata": {"weight_version": "default"}}
             if sglext:
                 answer["sglext"] = sglext
             return self._json(200, answer)
         self._sse_start()
+
+        def chunk(delta: dict, finish_reason: str | None = None) -> dict:
+            return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": b.model,
+                    "choices": [{"index": 0, "delta": {"reasoning_content": None, **delta}, "logprobs": None,
+                                 "finish_reason": finish_reason, "matched_stop": None}]}
+
+        self._event(chunk({"role": "assistant", "content": ""}))  # SGLang opens with the role alone
         sent = 0
         for i, group in enumerate(self._emit(n)):
             if b.stream_fault == "bad_json" and i == 2:
                 self._event("{this is not json")
-            delta = {"content": "".join(_words(sent + group)[sent:])}
-            if i == 0:
-                delta["role"] = "assistant"
-            self._event({"id": rid, "object": "chat.completion.chunk", "created": created, "model": b.model,
-                         "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+            self._event(chunk({"content": "".join(_words(sent + group)[sent:])}))
             sent += group
-        self._event({"id": rid, "object": "chat.completion.chunk", "created": created, "model": b.model,
-                     "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+        self._event(chunk({}, finish))
         if (body.get("stream_options") or {}).get("include_usage"):
             self._event({"id": rid, "object": "chat.completion.chunk", "created": created, "model": b.model,
                          "choices": [], "usage": usage})
@@ -241,20 +256,27 @@ class _Handler(BaseHTTPRequestHandler):
         n = max_new if params.get("ignore_eos") else min(max_new, b.default_completion_tokens)
         prompt = len(body.get("input_ids") or []) or len(str(body.get("text", "")).split())
         rid = uuid.uuid4().hex
+        base = {"id": rid, "prompt_tokens": prompt, "weight_version": "default", "num_retractions": 0,
+                "reasoning_tokens": 0, "cached_tokens": 0, "cached_tokens_details": None, "dp_rank": None}
+        ids = [100 + i for i in range(n)]
         if not body.get("stream"):
             text = "".join(_words(sum(self._emit(n))))
-            return self._json(200, {"text": text, "meta_info": {"id": rid, "prompt_tokens": prompt,
-                                                                "completion_tokens": n, **self._spec_details(n)}})
+            return self._json(200, {"text": text, "output_ids": ids, "meta_info": base | {
+                "completion_tokens": n, "finish_reason": {"type": "length", "length": n}, **self._spec_details(n)}})
         self._sse_start()
-        sent, verify = 0, 0
+        sent, verify, t0 = 0, 0, time.time()
         for i, group in enumerate(self._emit(n)):
             if b.stream_fault == "bad_json" and i == 2:
                 self._event("{this is not json")
             sent += group
             verify += 1 if i else 0
-            meta = {"id": rid, "prompt_tokens": prompt, "completion_tokens": sent, "spec_verify_ct": verify,
-                    "finish_reason": {"type": "length", "length": n} if sent == n else None}
-            self._event({"text": "".join(_words(sent)), "meta_info": meta})
+            meta = base | {"completion_tokens": sent, "spec_verify_ct": verify,
+                           "finish_reason": {"type": "length", "length": n} if sent == n else None}
+            if i == 0:
+                meta["response_sent_to_client_ts"] = time.time()
+            if sent == n:  # SGLang closes a request with its speculative statistics
+                meta |= {"e2e_latency": time.time() - t0, **self._spec_details(n)}
+            self._event({"text": "".join(_words(sent)), "output_ids": ids[:sent], "meta_info": meta})
         if b.stream_fault != "no_done":
             self._event("[DONE]")
         self._sse_end()

@@ -1,0 +1,157 @@
+"""Turn a real-server GPU run (tests/server_gpu/e2e.py) into server-e2e-h200.json, its plot and a table.
+
+    python -m tests.server_gpu.report RUN_DIR --commit SHA [--out tests/server_gpu/results]
+
+RUN_DIR holds what `e2e.py --pack` returned: `runs.tar.gz` (unpacked here) and `trace-<kernel>-<context>.json.gz`.
+Every figure comes from the run: decode tok/s and TPOT from `ddtree-ops bench` (step = TPOT x acceptance
+length: one verify step per accepted run of tokens), the breakdown from the profiler traces (breakdown.py;
+what the GPU did not account for is the step less the GPU's busy time), same tokens from the greedy
+outputs both servers gave the same prompts, and the verify counts from ddtree_kernels' statistics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+from .breakdown import breakdown
+
+HOST = "host and launch gaps (step - GPU busy)"
+
+
+def load_run(run_dir: Path) -> dict:
+    runs = run_dir / "runs"
+    if not runs.exists():
+        with tarfile.open(run_dir / "runs.tar.gz") as tf:
+            tf.extractall(runs, filter="data")
+    out = {}
+    for kernel_dir in sorted(p for p in runs.iterdir() if p.is_dir()):
+        result = json.loads((kernel_dir / "result.json").read_text())
+        bench = kernel_dir / "bench" / "throughput.json"
+        tokens = kernel_dir / "tokens.json"
+        out[kernel_dir.name] = {
+            "result": result,
+            "bench": json.loads(bench.read_text()) if bench.exists() else {"points": []},
+            "tokens": json.loads(tokens.read_text()) if tokens.exists() else {},
+            "traces": {int(p.name.split("-")[-1].split(".")[0]): p
+                       for p in run_dir.glob(f"trace-{kernel_dir.name}-*.json.gz")},
+        }
+    return out
+
+
+def same_tokens(run: dict) -> dict:
+    """Per context: equal, or the first index where the two kernels' greedy tokens differ."""
+    ours, theirs = run.get("ddtree", {}).get("tokens", {}), run.get("sglang", {}).get("tokens", {})
+    detail = {}
+    for ctx in sorted(set(ours) & set(theirs), key=int):
+        a, b = ours[ctx], theirs[ctx]
+        first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        if first is None and len(a) != len(b):
+            first = min(len(a), len(b))
+        detail[ctx] = {"tokens": min(len(a), len(b)), "first_difference": first}
+    return detail
+
+
+def rows(run: dict) -> list[dict]:
+    out = []
+    for kernel, data in run.items():
+        profiles = {ctx: breakdown(path) for ctx, path in data["traces"].items()}
+        for point in data["bench"]["points"]:
+            tpot = point["tpot_ms"].get("p50") if point.get("tpot_ms") else None
+            accept = point.get("accept_length") or 1.0
+            step = tpot * accept if tpot else None
+            row = {"context": point["context"], "kernel": "ddtree_kernels" if kernel == "ddtree" else "sglang",
+                   "decode_tok_s": point.get("decode_tok_s"), "step_ms": step, "tpot_ms": tpot,
+                   "accept_length": point.get("accept_length"), "breakdown_ms": {}}
+            prof = profiles.get(point["context"])
+            if prof is not None and step is not None:
+                row["breakdown_ms"] = dict(prof["parts_ms"]) | {HOST: max(step - prof["gpu_busy_ms"], 0.0)}
+                row["gpu_busy_ms"] = prof["gpu_busy_ms"]
+                row["profiled_steps"] = prof["steps"]
+            out.append(row)
+    return sorted(out, key=lambda r: (r["kernel"], r["context"]))
+
+
+def report(run_dir: Path, commit: str) -> dict:
+    run = load_run(run_dir)
+    ours = run["ddtree"]["result"]
+    stats = ours.get("verify_stats") or []
+    detail = same_tokens(run)
+    return {
+        "commit": commit,
+        "gpu": "NVIDIA H200 (sm_90; our kernel's native Hopper path), torch 2.11.0+cu130, Triton 3.6.0",
+        "server_args": ours["argv"],
+        "verify_served": sum(int(s.get("served", 0)) for s in stats),
+        "verify_declined": sum(sum((s.get("declined") or {}).values()) for s in stats),
+        "verify_shapes": [shape for s in stats for shape in s.get("shapes", [])],
+        "same_tokens": bool(detail) and all(d["first_difference"] is None for d in detail.values()),
+        "same_tokens_detail": detail,
+        "start_s": {k: v["result"].get("start_s") for k, v in run.items()},
+        "rows": rows(run),
+    }
+
+
+def plot(data: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for kernel, style in (("ddtree_kernels", "o-"), ("sglang", "s--")):
+        pts = [r for r in data["rows"] if r["kernel"] == kernel and r["decode_tok_s"]]
+        a.plot([r["context"] for r in pts], [r["decode_tok_s"] for r in pts], style,
+               label="our kernel" if kernel == "ddtree_kernels" else "SGLang's Triton verify")
+    a.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="decode tok/s (1 request)",
+          title="DDTree server on an H200: decode speed")
+    a.grid(True, alpha=0.3)
+    a.legend()
+    bars = [r for r in data["rows"] if r["breakdown_ms"]]
+    parts = sorted({p for r in bars for p in r["breakdown_ms"]},
+                   key=lambda p: -max(r["breakdown_ms"].get(p, 0) for r in bars))
+    labels = [f"{'ours' if r['kernel'] == 'ddtree_kernels' else 'SGLang'} {r['context'] // 1000}k" for r in bars]
+    bottom = [0.0] * len(bars)
+    colors = plt.get_cmap("tab20").colors
+    for i, part in enumerate(parts):
+        vals = [r["breakdown_ms"].get(part, 0.0) for r in bars]
+        b.bar(labels, vals, bottom=bottom, label=part, color=colors[i % len(colors)])
+        bottom = [x + y for x, y in zip(bottom, vals, strict=True)]
+    b.set(ylabel="ms a decode step", title="where a step goes (profiled)")
+    b.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown(data: dict) -> str:
+    lines = ["| context | our kernel: tok/s (step ms) | SGLang's path: tok/s (step ms) | speed-up |",
+             "|---|---|---|---|"]
+    by = {(r["kernel"], r["context"]): r for r in data["rows"]}
+    for ctx in sorted({r["context"] for r in data["rows"]}):
+        o, s = by.get(("ddtree_kernels", ctx)), by.get(("sglang", ctx))
+        cell = lambda r: f"{r['decode_tok_s']:.1f} ({r['step_ms']:.2f})" if r and r["decode_tok_s"] else "—"  # noqa: E731
+        speed = f"{o['decode_tok_s'] / s['decode_tok_s']:.1f}×" if o and s and s["decode_tok_s"] else "—"
+        lines.append(f"| {ctx:,} | {cell(o)} | {cell(s)} | {speed} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--commit", required=True, help="the commit whose tree the GPU run ran")
+    ap.add_argument("--out", type=Path, default=Path(__file__).with_name("results"))
+    ap.add_argument("--name", default="server-e2e-h200")
+    args = ap.parse_args(argv)
+    data = report(args.run_dir, args.commit)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(data, indent=1) + "\n")
+    plot(data, args.out / f"{args.name}.png")
+    print(markdown(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
