@@ -88,6 +88,10 @@ class VerifyConfig:
     # other's. One per cache dtype; None: such requests take `prefix` (or `prefix_fp8`).
     prefix_small: TileConfig | None = None
     prefix_small_fp8: TileConfig | None = None
+    # Values in a separate buffer and keys at most 128 wide (a GQA draft model's heads, e.g. the DFlash
+    # drafter DDTree runs beside the target: 6 heads x 16 block tokens at TP 8): a request's rows in one
+    # block and 64-key tiles, where `prefix_split_v` is sized for 576-wide MLA rows. None: `prefix_split_v`.
+    prefix_split_v_narrow_head: TileConfig | None = None
     wide_min_rows: int = 64
     # Where the wide tile is hopper/prefix.py's kernel, requests from this many rows take it, as one block
     # with the rows past the request masked: 17-63 rows then read the prefix once, not once a 16-row
@@ -121,9 +125,9 @@ class VerifyConfig:
                                             if isinstance(tile, TileConfig) and tile.fallback is not None})
 
     def prefix_for(self, rows_per_request: int, *, kv_fp8: bool = False, v_from_k: bool = True,
-                   gluon: bool = False) -> TileConfig:
+                   gluon: bool = False, key_width: int = 576) -> TileConfig:
         """The prefix tile for requests of up to this many rows each, on this cache layout (`gluon`:
-        where hopper/prefix.py's kernel runs, hopper.plan.gluon_supports)."""
+        where hopper/prefix.py's kernel runs, hopper.plan.gluon_supports; `key_width`: D_V + D_R)."""
         if v_from_k:
             narrow_gluon = self.prefix_narrow_fp8_gluon if kv_fp8 else self.prefix_narrow_gluon
             few = narrow_gluon if gluon and narrow_gluon is not None else (
@@ -135,7 +139,8 @@ class VerifyConfig:
         if wide is not None and rows_per_request >= min_rows:
             return wide
         if not kv_fp8 and not v_from_k:
-            return self.prefix_split_v
+            narrow_head = self.prefix_split_v_narrow_head
+            return narrow_head if narrow_head is not None and key_width <= 128 else self.prefix_split_v
         return self.narrow_for(kv_fp8=kv_fp8)
 
     def wide_for(self, *, kv_fp8: bool = False, v_from_k: bool = True, gluon: bool = False) -> TileConfig | None:
@@ -152,9 +157,9 @@ class VerifyConfig:
         return self.prefix_fp8 if kv_fp8 else self.prefix
 
     def tail_rows(self, rows_per_request: int, *, kv_fp8: bool = False, v_from_k: bool = True,
-                  gluon: bool = False) -> int:
+                  gluon: bool = False, key_width: int = 576) -> int:
         """Rows of each request that the narrow tile takes after the wide tile's whole blocks (0: none)."""
-        tile = self.prefix_for(rows_per_request, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon)
+        tile = self.prefix_for(rows_per_request, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon, key_width=key_width)
         if tile is not self.wide_for(kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon) or rows_per_request < tile.block_m:
             return 0  # no whole wide block: the wide tile (if it takes the request) masks the rows past it
         tail = rows_per_request % tile.block_m
@@ -179,6 +184,9 @@ SM120 = VerifyConfig(
                           fallback=TileConfig(block_m=16, block_n=32, num_warps=8, num_stages=3, ctas_per_sm=1,
                                               keys_major=True)),
     prefix_split_v=TileConfig(block_m=32, block_n=16, num_warps=8, num_stages=2, ctas_per_sm=1),
+    # The DFlash drafter's attention (6 heads x 16 tokens, head 128) at 185k: 74 us a layer against 476 for
+    # prefix_split_v's tile in sm_120 emulation (61 against 475 natively on the H200); BENCHMARKS.md.
+    prefix_split_v_narrow_head=TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1),
     prefix_wide=TileConfig(block_m=32, block_n=32, num_warps=8, num_stages=2, ctas_per_sm=1, mma_v2=True,
                            fallback=TileConfig(block_m=32, block_n=32, num_warps=8, num_stages=2, ctas_per_sm=1,
                                                chunked=True)),

@@ -144,13 +144,13 @@ class VerifyPlan:
     @property
     def prefix_tile(self) -> TileConfig:
         return self.config.prefix_for(self.max_draft_tokens * self.num_heads, kv_fp8=self.kv_fp8,
-                                      v_from_k=self.v_from_k, gluon=self.gluon)
+                                      v_from_k=self.v_from_k, gluon=self.gluon, key_width=self.d_v + self.d_rope)
 
     @property
     def tail_rows(self) -> int:
         """Rows a request leaves to the second, narrow-tile prefix launch (configs.wide_tail_max_rows)."""
         return self.config.tail_rows(self.max_draft_tokens * self.num_heads, kv_fp8=self.kv_fp8,
-                                     v_from_k=self.v_from_k, gluon=self.gluon)
+                                     v_from_k=self.v_from_k, gluon=self.gluon, key_width=self.d_v + self.d_rope)
 
     def prefix_launches(self) -> tuple[tuple[TileConfig, int, int], ...]:
         """(tile, first row, row blocks) of each prefix launch: the main tile, then the row tail."""
@@ -159,7 +159,7 @@ class VerifyPlan:
     @cached_property
     def _prefix_launches(self) -> tuple[tuple[TileConfig, int, int], ...]:
         return prefix_launches(self.config, self.max_draft_tokens * self.num_heads, kv_fp8=self.kv_fp8,
-                               v_from_k=self.v_from_k, gluon=self.gluon)
+                               v_from_k=self.v_from_k, gluon=self.gluon, key_width=self.d_v + self.d_rope)
 
     # The Gluon tiles' own decisions (hopper/plan.py), derived once per plan.
 
@@ -284,12 +284,12 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def prefix_launches(config: VerifyConfig, rows: int, *, kv_fp8: bool, v_from_k: bool,
-                    gluon: bool = False) -> tuple[tuple[TileConfig, int, int], ...]:
+                    gluon: bool = False, key_width: int = 576) -> tuple[tuple[TileConfig, int, int], ...]:
     """(tile, first row, row blocks) of each prefix launch for requests of `rows` rows: the main
     tile, then the row tail on the narrow tile (configs.wide_tail_max_rows) unless the main tile's
     Gluon kernel spreads it over its blocks (`fused_tail_rows`)."""
-    main = config.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon)
-    tail = config.tail_rows(rows, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon)
+    main = config.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon, key_width=key_width)
+    tail = config.tail_rows(rows, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon, key_width=key_width)
     if fused_tail_rows(config, rows, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon):
         return ((main, 0, rows // main.block_m),)
     if not tail:
@@ -363,7 +363,7 @@ def plan_verify(
         # of an SM, so all launches fit one wave together: GLM-5's 72 rows at 88 splits put 88
         # wide programs and 88 two-an-SM tail programs on 132 SMs.
         launches = prefix_launches(config, max_draft_tokens * num_heads, kv_fp8=kv_fp8, v_from_k=v_from_k,
-                                   gluon=gluon)
+                                   gluon=gluon, key_width=d_v + d_rope)
         shares = math.prod(tile.ctas_per_sm for tile, _, _ in launches)
         per_split = sum(blocks * shares // tile.ctas_per_sm for tile, _, blocks in launches) * batch_size
         num_splits = split_count(per_split, sm_count * shares, config.max_splits)

@@ -80,6 +80,9 @@ _MASK_NAMES = {0: "chain", 1: "sglang_flat", 2: "compact"}
 # Verify shapes whose plans cover every launch a config makes: (heads, draft tokens) from decode to 33-token
 # trees, each on both cache dtypes and both value layouts; the merge also at its most parts (max_splits).
 _SHAPES = [(8, 1), (8, 2), (8, 9), (16, 8), (16, 9), (8, 33)]
+# A GQA draft model's heads: 6 heads x 16 block tokens, keys and values 128 wide in their own buffers
+# (the DFlash drafter DDTree runs beside GLM-5; VerifyConfig.prefix_split_v_narrow_head).
+_NARROW_HEAD = dict(heads=6, draft=16, d_v=128, d_rope=0)
 # SMs of the GPU each target stands for (grids only; they do not change what compiles).
 _TARGET_SMS = {(12, 0): 188, (9, 0): 132}
 # Arguments that are multiples of 16 in every real GLM-5 / DeepSeek call (pointers, 576/512 strides).
@@ -169,6 +172,9 @@ def _jobs(name: str, conf: VerifyConfig, cap: tuple[int, int], must_fit: bool) -
                          gpu=(cap, _TARGET_SMS[cap]))
              for c in confs for heads, draft in _SHAPES for fp8 in (False, True) for v_from_k in (True, False)]
     plans.append(plan_verify(1, 8, 9, 9, "cpu", config=conf, num_splits=conf.max_splits, gpu=(cap, _TARGET_SMS[cap])))
+    h = _NARROW_HEAD
+    plans += [plan_verify(1, h["heads"], h["draft"], h["draft"], "cpu", config=c, d_v=h["d_v"], d_rope=h["d_rope"],
+                          v_from_k=False, gpu=(cap, _TARGET_SMS[cap])) for c in confs]
     jobs, seen = [], set()
     for plan in plans:
         kv = "fp8e4nv" if plan.kv_fp8 else "bf16"

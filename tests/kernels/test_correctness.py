@@ -36,6 +36,8 @@ CASES = [
     ("no-rope", [200], [5], 2, {"d_v": 64, "d_rope": 0}),
     ("chain-as-mask", [129], [33], 1, {"tree": "chain_mask"}),
     ("full-non-causal", [100], [9], 2, {"tree": "full"}),
+    # A DFlash drafter's attention: GQA heads of 128 in their own K and V buffers, the block sees itself whole.
+    ("drafter-head", [700, 130], [16, 16], 6, {"d_v": 128, "d_rope": 0, "separate_v": True, "tree": "full"}),
 ]
 
 

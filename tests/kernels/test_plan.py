@@ -7,7 +7,8 @@ import math
 import pytest
 
 from ddtree_kernels import gluon_shared
-from ddtree_kernels.launcher import split_count
+from ddtree_kernels.configs import HOPPER, SM120
+from ddtree_kernels.launcher import plan_verify, split_count
 
 
 @pytest.mark.parametrize("per_split,slots", [(5, 264), (1, 264), (3, 132), (9, 264), (20, 264), (40, 264),
@@ -323,3 +324,14 @@ def test_with_fallbacks_swaps_exactly_the_tiles_that_have_one():
         assert getattr(plain, field.name) == expected, field.name
     assert plain.prefix.chunked and plain.prefix_fp8.keys_major and not plain.prefix_wide.mma_v2
     assert plain.with_fallbacks() == plain  # fallbacks have no fallback of their own
+
+
+@pytest.mark.parametrize("config", [SM120, HOPPER], ids=["sm120", "hopper"])
+def test_a_draft_models_narrow_heads_take_their_own_split_v_tile(config):
+    """Keys of at most 128 in a separate V buffer (a DFlash drafter's GQA heads) take
+    prefix_split_v_narrow_head, one block for the request's 96 rows; MLA's 576-wide split-V rows keep
+    prefix_split_v, which the narrow-head tile would not fit in sm_120's shared memory."""
+    narrow = plan_verify(1, 6, 16, 16, "cpu", d_v=128, d_rope=0, v_from_k=False, config=config, gpu=((12, 0), 188))
+    assert narrow.prefix_launches() == ((config.prefix_split_v_narrow_head, 0, 1),)
+    mla = plan_verify(1, 6, 16, 16, "cpu", d_v=512, d_rope=64, v_from_k=False, config=config, gpu=((12, 0), 188))
+    assert mla.prefix_launches()[0][0] is config.prefix_split_v
