@@ -26,9 +26,10 @@ import contextlib
 import importlib
 import io
 import json
-import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from .model_view import loaded_config
 
 
 @dataclass
@@ -79,35 +80,44 @@ def check_launch_args(argv: list[str], preload: str | None = None) -> LaunchChec
         except ValueError as exc:
             return LaunchCheck(False, version, f"SGLang {version} refuses --speculative-algorithm {algorithm}: {exc}",
                                algorithm)
-    if algorithm and algorithm.upper() == "DDTREE" and (problem := _dsa_problem(args, version)):
-        return LaunchCheck(False, version, problem, algorithm)
+    if algorithm and algorithm.upper() == "DDTREE":
+        problem = dsa_problem(getattr(args, "model_path", ""), version)
+        if problem:
+            return LaunchCheck(False, version, problem, algorithm)
     return LaunchCheck(True, version, algorithm=algorithm or "")
 
 
-def _is_deepseek_dsa():
-    """The installed SGLang's `is_deepseek_dsa`, run from its source: importing model_config itself pulls in
-    the whole quantisation stack, which a host without the GPU stack cannot import."""
-    import sglang
-
+def is_deepseek_dsa(sglang_dir: Path | None = None):
+    """SGLang's `is_deepseek_dsa` (the installed one, or that of the `sglang/` package at `sglang_dir`), run
+    from its source: importing model_config itself pulls in the whole quantisation stack, which a host
+    without the GPU stack cannot import."""
     from .patched_checks import extract
 
-    source = Path(sglang.__file__).parent / "srt" / "configs" / "model_config.py"
+    if sglang_dir is None:
+        import sglang
+
+        sglang_dir = Path(sglang.__file__).parent
+    source = Path(sglang_dir) / "srt" / "configs" / "model_config.py"
     tree = ast.parse(source.read_text())
     defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     helpers = [name for name in ("_hf_arch", "_hf_attr") if name in defined]  # newer releases read dicts too
     return extract(source, ["is_deepseek_dsa", *helpers], {})["is_deepseek_dsa"]
 
 
-def _dsa_problem(args: argparse.Namespace, version: str) -> str:
-    """Why a DDTree server cannot run this model as configured, if SGLang says it is a DSA model."""
-    config_file = Path(getattr(args, "model_path", "") or "") / "config.json"
+def dsa_problem(model_path: str, version: str, sglang_dir: Path | None = None) -> str:
+    """Why a DDTree server cannot run this model as configured, if SGLang says it is a DSA model ("" if not)."""
+    config_file = Path(model_path or "") / "config.json"
     if not config_file.is_file():
         return ""  # a hub id or a path only the server sees: nothing to read here
-    config = json.loads(config_file.read_text())
-    if not _is_deepseek_dsa()(types.SimpleNamespace(**config)):
+    # As SGLang loads it (transformers' config class, defaults included): a GLM-5 config.json without
+    # index_topk still gets GlmMoeDsaConfig's default 2048.
+    config = loaded_config(config_file.parent)
+    if not is_deepseek_dsa(sglang_dir)(config):
         return ""
-    arch = (config.get("architectures") or ["?"])[0]
-    return (f"{arch} at {config_file.parent} has index_topk={config.get('index_topk')}, so SGLang {version} runs it "
+    arch = (getattr(config, "architectures", None) or ["?"])[0]
+    topk = getattr(config, "index_topk", None)
+    return (f"{arch} at {config_file.parent} has index_topk={topk}, so SGLang {version} runs it "
             "as a DSA model: a DSATokenToKVPool that needs page size 64 on CUDA and the dsa attention backend, while "
             "DDTree verify needs --page-size 1 and --attention-backend triton. Serve it as dense MLA instead: point "
-            "the model path at a folder whose config.json has no index_topk (inventory/README.md, 'GLM-5')")
+            "the model path at its dense-MLA view (ddtree_model_dense_mla: ddtree-ops model-view; inventory/README.md, "
+            "'GLM-5')")

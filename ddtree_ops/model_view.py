@@ -42,6 +42,7 @@ class ModelView:
     linked: int
     checked: str  # "transformers X.Y" when the view was loaded back and compared, else why not
     pinned: list[str] = field(default_factory=list)  # defaults written out to keep their values
+    changed: bool = False  # the view was made or changed (False: it was already this)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -65,20 +66,36 @@ def _differences(original, view) -> dict[str, tuple]:
     return {k: (v, getattr(view, k, "<absent>")) for k, v in want.items() if getattr(view, k, "<absent>") != v}
 
 
-def _transformers_version() -> str | None:
+def transformers_version() -> str | None:
+    """The installed transformers' version, or None where there is none (or only a test host's stand-in)."""
     try:
         import transformers
     except ImportError:
         return None
+    real = getattr(transformers, "__file__", None) is not None  # the test hosts' stand-in has no file
     version = getattr(transformers, "__version__", None)
-    return version if isinstance(version, str) and hasattr(transformers, "AutoConfig") else None
+    return version if real and isinstance(version, str) else None
 
 
-def _link_files(source: Path, dest: Path) -> int:
+def loaded_config(folder: str | Path):
+    """A checkpoint's config as SGLang sees it: loaded by transformers' config class where transformers is
+    installed (defaults included), else the config.json as written."""
+    folder = Path(folder)
+    if transformers_version() is None:
+        import types
+
+        return types.SimpleNamespace(**json.loads((folder / "config.json").read_text()))
+    return _loaded(folder)
+
+
+def _link_files(source: Path, dest: Path) -> tuple[int, bool]:
+    """Link every file of `source` but config.json into `dest`: (files linked, whether a link changed)."""
     wanted = {p.name for p in source.iterdir() if p.name != "config.json"}
+    changed = False
     for stale in dest.iterdir():
         if stale.is_symlink() and stale.name not in wanted:
             stale.unlink()
+            changed = True
     for name in sorted(wanted):
         link, target = dest / name, source / name
         if link.is_symlink() and os.readlink(link) == str(target):
@@ -86,7 +103,14 @@ def _link_files(source: Path, dest: Path) -> int:
         if link.exists() or link.is_symlink():
             link.unlink()
         link.symlink_to(target)
-    return len(wanted)
+        changed = True
+    return len(wanted), changed
+
+
+def _write(path: Path, config: dict) -> None:
+    tmp = path.with_name(".config.json.tmp")
+    tmp.write_text(json.dumps(config, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def make_view(source: str | Path, dest: str | Path) -> ModelView:
@@ -99,21 +123,21 @@ def make_view(source: str | Path, dest: str | Path) -> ModelView:
     config = view_config(original)
     dsa = original.get("index_topk") is not None
     dest.mkdir(parents=True, exist_ok=True)
-    linked = _link_files(source, dest)
-    version = _transformers_version()
+    view_file = dest / "config.json"
+    before = view_file.read_text() if view_file.is_file() else None
+    linked, relinked = _link_files(source, dest)
+    version = transformers_version()
     pinned: list[str] = []
-    tmp = dest / ".config.json.tmp"
-    tmp.write_text(json.dumps(config, indent=2))
-    os.replace(tmp, dest / "config.json")
+    _write(view_file, config)
     if version is None:
-        return ModelView(str(source), str(dest), dsa, linked, "not loaded back: transformers is not installed here")
+        return ModelView(str(source), str(dest), dsa, linked, "not loaded back: transformers is not installed here",
+                         changed=relinked or before != view_file.read_text())
     loaded = _loaded(source)
     diff = _differences(loaded, _loaded(dest))
     if diff:  # defaults the view's config class fills differently: write the original's values out
         pinned = sorted(diff)
         config |= {k: loaded.to_dict()[k] for k in pinned}
-        tmp.write_text(json.dumps(config, indent=2))
-        os.replace(tmp, dest / "config.json")
+        _write(view_file, config)
         diff = _differences(loaded, _loaded(dest))
     view = _loaded(dest)
     if diff or getattr(view, "index_topk", None) is not None:
@@ -121,4 +145,5 @@ def make_view(source: str | Path, dest: str | Path) -> ModelView:
             f"index_topk is still {view.index_topk}"
         raise ModelViewError(f"the dense-MLA view of {source} would not load as the same model under transformers "
                              f"{version}: {problem}")
-    return ModelView(str(source), str(dest), dsa, linked, f"transformers {version}", pinned)
+    return ModelView(str(source), str(dest), dsa, linked, f"transformers {version}", pinned,
+                     changed=relinked or before != view_file.read_text())

@@ -22,6 +22,8 @@ from pathlib import Path
 from .sglang_tree import SglangTree
 
 DFLASH_UTILS = "srt/speculative/dflash_utils.py"
+DDTREE_UTILS = "srt/speculative/ddtree_utils.py"
+DDTREE_WORKER_V2 = "srt/speculative/ddtree_worker_v2.py"
 REGISTRY = "srt/layers/attention/attention_registry.py"
 TRITON_BACKEND = "srt/layers/attention/triton_backend.py"
 OUR_BACKEND = "DDTreeTritonAttnBackend"
@@ -39,15 +41,17 @@ def _module_ast(path: Path) -> ast.Module:
 
 
 def extract(path: Path, names: list[str], namespace: dict) -> dict:
-    """Execute the named top-level functions / assignments of `path` (decorators dropped) in `namespace`."""
+    """Execute the named top-level functions / classes / assignments of `path` in `namespace` (functions'
+    decorators dropped; classes keep theirs, e.g. @dataclass, which `namespace` must supply)."""
     body = []
     for node in _module_ast(path).body:
         if isinstance(node, ast.FunctionDef) and node.name in names:
             node.decorator_list = []
             body.append(node)
-        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in names for t in node.targets):
+        elif (isinstance(node, ast.ClassDef) and node.name in names) or (
+                isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in names for t in node.targets)):
             body.append(node)
-    found = {n.name if isinstance(n, ast.FunctionDef) else n.targets[0].id for n in body}
+    found = {n.targets[0].id if isinstance(n, ast.Assign) else n.name for n in body}
     missing = set(names) - found
     if missing:
         raise LookupError(f"{path}: no top-level {', '.join(sorted(missing))}")
@@ -363,5 +367,36 @@ def contract_checks(tree: SglangTree) -> list[CheckResult]:
     return results
 
 
+def ddtree_checks(tree: SglangTree) -> list[CheckResult]:
+    """On DDTree sources: DDTree's own verify path takes our backend, and its accept path fits the tree."""
+    import dataclasses
+
+    from ddtree_kernels.sglang.triton_backend import ddtree_backend_class
+
+    results = []
+    if (tree.package / DDTREE_UTILS).is_file():
+        ns = extract(tree.package / DDTREE_UTILS, ["DDTreeTargetBackendCapability",
+                                                   "resolve_ddtree_target_backend_capability"],
+                     {"dataclass": dataclasses.dataclass, "Any": object})
+        resolve = ns["resolve_ddtree_target_backend_capability"]
+
+        def ddtree_feeds_our_backend():
+            # DDTree picks how to feed a backend by its module's name: ours must read as a Triton backend.
+            backend = object.__new__(ddtree_backend_class(_triton_stand_in(False)))
+            cap = resolve(backend)
+            assert cap.supports_full_tree and cap.build_attention_mask, cap
+            return f"{cap.backend_name}: the tree mask"
+
+        results += run_checks([("ddtree: full-tree verify accepts our backend", ddtree_feeds_our_backend)], {})
+    if (tree.package / DDTREE_WORKER_V2).is_file():
+        fn = next(n for n in ast.walk(_module_ast(tree.package / DDTREE_WORKER_V2))
+                  if isinstance(n, ast.FunctionDef) and n.name == "forward_batch_generation")
+        widths = [ast.unparse(n.value) for n in ast.walk(fn) if isinstance(n, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "path_width" for t in n.targets)]
+        results.append(CheckResult("ddtree v2: the accepted path is no wider than the verified tree (0003)",
+                                   widths == ["min(int(self.block_size), q_len)"], "; ".join(widths)))
+    return results
+
+
 def all_checks(tree: SglangTree) -> list[CheckResult]:
-    return contract_checks(tree) + policy_checks(tree) + routing_checks(tree)
+    return contract_checks(tree) + policy_checks(tree) + routing_checks(tree) + ddtree_checks(tree)

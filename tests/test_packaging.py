@@ -51,12 +51,13 @@ def _third_party_imports(package: Path) -> set[str]:
 
 
 def test_ops_declares_every_package_it_imports():
-    """ddtree-ops imports nothing it does not declare (base requirements or an extra), SGLang aside:
-    the patch tool and the launch check run inside the release venv, next to the SGLang they check."""
+    """ddtree-ops imports nothing it does not declare (base requirements or an extra), SGLang and the
+    transformers it pins aside: the patch tool, the launch check and the model view run inside the release
+    venv, next to the SGLang they serve (the model view loads configs with SGLang's transformers, if any)."""
     declared = {canonicalize_name(Requirement(r).name) for r in metadata.requires("ddtree-ops") or []}
     owners = metadata.packages_distributions()
     missing = {}
-    for module in _third_party_imports(ROOT / "ddtree_ops") - {"sglang", "tomli"}:
+    for module in _third_party_imports(ROOT / "ddtree_ops") - {"sglang", "transformers", "tomli"}:
         dists = {canonicalize_name(d) for d in owners.get(module, [module])}
         if not dists & declared:
             missing[module] = sorted(dists)

@@ -52,7 +52,7 @@ def test_first_deploy_on_two_hosts(hosts: Hosts):
         # the real SGLang wheel in the release venv was patched by the patch tool, both patches
         assert [p["name"][:4] for p in info["ddtree_patches"]["patches"]] == ["0001", "0002"]
         assert info["ddtree_patches"]["sglang_version"] == hosts.version(OLD)
-        assert info["ddtree_patches"]["series"] == "ddtree-branches"  # found by its sources, no version flag
+        assert info["ddtree_patches"]["series"] == "ddtree-v2"  # found by its sources, no version flag
         args = " ".join(info["server_args"])
         assert "--speculative-algorithm DDTREE" in args and "--page-size 1" in args
         assert "--attention-backend triton" in args and info["verify_kernel"] == "ddtree"

@@ -14,6 +14,11 @@ from .conftest import tree_hashes
 
 SNAPSHOTS = [s for s in load_sources() if s.snapshot]
 PATCHED = {"python/sglang/srt/speculative/dflash_utils.py", "python/sglang/srt/layers/attention/attention_registry.py"}
+# What each branch gets, found from its sources: ddtree-v2's worker also takes 0003 (its accept path).
+EXPECTED = {
+    "ddtree-v2": ("ddtree-v2", PATCHED | {"python/sglang/srt/speculative/ddtree_worker_v2.py"}),
+    "ddtree": ("ddtree-branches", PATCHED),
+}
 
 
 @pytest.fixture(scope="module", params=[s.name for s in SNAPSHOTS])
@@ -23,28 +28,29 @@ def checkout(request, tmp_path_factory):
         pytest.fail(f"snapshot {source.snapshot} is missing from ../shared/sglang-src (set DDTREE_SGLANG_SNAPSHOTS)")
     repo = tmp_path_factory.mktemp(source.name) / "sglang"
     git_checkout(source.snapshot_path(), repo)
-    return repo
+    return source.name, repo
 
 
 def test_whole_series_with_no_version_flag_then_byte_identical_revert(checkout, capsys):
-    repo = checkout
+    name, repo = checkout
+    series, patched = EXPECTED[name]
     tree = locate(repo)
     assert tree.version is None and tree.layout == "git checkout"  # nothing to read a release from
     before = tree_hashes(repo)
 
     assert cli(["patch", "check", str(repo)]) == 0
-    assert "would apply — series ddtree-branches" in capsys.readouterr().out
+    assert f"would apply — series {series} " in capsys.readouterr().out
     report = patchtool.apply(repo)
-    assert report.outcome == "applied" and report.series == "ddtree-branches"
+    assert report.outcome == "applied" and report.series == series
     after = tree_hashes(repo)
-    assert {f for f in before if before[f] != after.get(f)} == PATCHED
+    assert {f for f in before if before[f] != after.get(f)} == patched
     assert patchtool.apply(repo).outcome == "already applied" and tree_hashes(repo) == after
     assert patchtool.revert(repo).outcome == "reverted"
     assert tree_hashes(repo) == before
 
 
 def test_the_series_can_be_named_from_the_inventory(checkout):
-    repo = checkout
+    _, repo = checkout
     assert patchtool.check(repo, series="sglang-0.5.14+").series == "sglang-0.5.14+"
     with pytest.raises(LookupError, match="no series named 'nope'"):
         patchtool.check(repo, series="nope")
@@ -71,10 +77,12 @@ def test_release_job_rows_for_ddtree_sources(tmp_path):
     by_name = {r.version.split(" @ ")[0]: r for r in rows}
     for source in SNAPSHOTS:
         row = by_name[source.name]
-        assert row.version == f"{source.name} @ {source.commit[:8]} (snapshot)" and row.series == "ddtree-branches"
+        assert row.version == f"{source.name} @ {source.commit[:8]} (snapshot)"
+        assert row.series == EXPECTED[source.name][0]
         assert set(row.patches.values()) == {"applies"}, row.patches
     v2 = by_name["ddtree-v2"]
     assert v2.supported, (v2.failed_checks, v2.error)
+    assert v2.checks_total == v2.checks_passed >= 19  # DDTree's own verify path and accept path among them
     # The older ddtree branch predates TritonAttnBackend's verify_splitkv_fwd hook: the patches apply,
     # but nothing would call our kernel there, and the row says so.
     old = by_name["ddtree"]
@@ -82,6 +90,6 @@ def test_release_job_rows_for_ddtree_sources(tmp_path):
     unfetched = [r for s, r in zip(load_sources(), rows, strict=True) if not s.snapshot]
     assert all("--fetch-git" in r.error and not r.supported for r in unfetched)  # no network: a row, not a crash
     matrix = run_release_job(["0.5.23"], out=tmp_path, ddtree_sources=SNAPSHOTS[:1])
-    assert f"| {SNAPSHOTS[0].name} @ {SNAPSHOTS[0].commit[:8]} (snapshot) | ddtree-branches | applies | applies |" \
+    assert f"| {SNAPSHOTS[0].name} @ {SNAPSHOTS[0].commit[:8]} (snapshot) | ddtree-v2 | applies | applies | applies |" \
         in (tmp_path / "matrix.md").read_text()
     assert matrix.supported_all()

@@ -30,7 +30,7 @@ def test_apply_twice_then_revert_is_byte_identical(pristine, version):
     changed = {f for f in before if before[f] != after.get(f)}
     assert changed == PATCHED_FILES
     record = json.loads((target / "sglang" / patchtool.RECORD).read_text())
-    series = load_series()[0]
+    series = next(s for s in load_series() if s.name == first.series)
     assert [p["name"] for p in record["patches"]] == [p.name for p in series.patches]
     assert [p["sha256"] for p in record["patches"]] == [p.sha256() for p in series.patches]
 

@@ -52,7 +52,7 @@ def sglang_source(workdir: Path) -> Path:
     repo = workdir / "ddtree-v2"
     git_checkout(snapshot, repo)
     report = patchtool.apply(repo)
-    assert report.series == "ddtree-branches", report
+    assert report.series == "ddtree-v2", report
     return repo / "python"
 
 
