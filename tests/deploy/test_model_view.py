@@ -76,7 +76,7 @@ def test_a_dense_checkpoint_is_mirrored_and_a_missing_one_named(tmp_path, capsys
     assert cli(["model-view", str(dense), str(tmp_path / "view"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["dsa"] is False and json.loads((tmp_path / "view" / "config.json").read_text()) == config
-    with pytest.raises(ModelViewError, match="has no config.json"):
+    with pytest.raises(ModelViewError, match=r"has no config\.json"):
         make_view(tmp_path / "nowhere", tmp_path / "view2")
     assert cli(["model-view", str(tmp_path / "nowhere"), str(tmp_path / "view3")]) == 1
     assert "ddtree_model_path must be a checkpoint folder" in capsys.readouterr().err
