@@ -80,13 +80,15 @@ sglang-wheel: setup  ## download the pinned SGLang wheel (no dependencies) into 
 ENDPOINT ?=
 SMOKE_ARGS ?=
 smoke-test: setup  ## make smoke-test HOST=ct200 (on the host; no HOST: the local test host), or ENDPOINT=http://host:30000 from here
+	$(CHECK_INVENTORY)
 	@if [ -n "$(ENDPOINT)" ] && [ -z "$(HOST)" ]; then $(BIN)/ddtree-ops smoke --endpoint $(ENDPOINT) $(SMOKE_ARGS); \
 	else $(ANSIBLE) $(INVENTORY_ARG) playbooks/smoke.yml --limit $(TARGET); fi
 
 BENCH_ARGS ?=
-bench: setup  ## decode throughput vs context length of a live endpoint: make bench ENDPOINT=... [BENCH_ARGS="--previous old.json"]
-	@test -n "$(ENDPOINT)" || { echo "make bench needs ENDPOINT=http://host:30000 (a live server)"; exit 2; }
-	$(BIN)/ddtree-ops bench --endpoint $(ENDPOINT) --out throughput-out $(BENCH_ARGS)
+# No ENDPOINT: the local test host's server, as smoke-test, check and rollback default to it.
+TESTHOST_ENDPOINT := http://10.213.1.2:30000
+bench: setup  ## decode throughput vs context length of a live endpoint: make bench ENDPOINT=... (no ENDPOINT: the local test host)
+	$(BIN)/ddtree-ops bench --endpoint $(or $(ENDPOINT),$(TESTHOST_ENDPOINT)) --out throughput-out $(BENCH_ARGS)
 
 RELEASE_OUT ?= release-report
 release-job: setup  ## apply patches/ to every SGLang release on PyPI since 0.5.14; writes $(RELEASE_OUT)/matrix.{json,md}
@@ -109,15 +111,21 @@ ANSIBLE := ANSIBLE_CONFIG=ansible.cfg PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansi
 TESTHOST_DIR := .cache/testhosts
 INVENTORY_ARG = $(if $(HOST),-i $(INVENTORY),-i inventory/test)
 TARGET = $(if $(HOST),$(HOST),ct-test-1)
+# An inventory that is not there stops here, naming it (ansible.cfg also fails an unparsable one).
+CHECK_INVENTORY = @$(if $(HOST),test -e $(INVENTORY) || { echo "no inventory at $(INVENTORY): set INVENTORY=path \
+(default inventory/production/hosts.yml)"; exit 2; })
 
 deploy: setup  ## make deploy HOST=ct200 [ARGS="-e ddtree_ddtree_budget=16"]; no HOST: the DDTree branch on a local test host
+	$(CHECK_INVENTORY)
 	@$(if $(HOST),,$(MAKE) --no-print-directory testhost)
 	$(ANSIBLE) $(INVENTORY_ARG) playbooks/deploy.yml --limit $(TARGET) $(ARGS)
 
 check: setup  ## make check HOST=ct200: what deploy would change (--check --diff), touching nothing
+	$(CHECK_INVENTORY)
 	$(ANSIBLE) $(INVENTORY_ARG) playbooks/deploy.yml --limit $(TARGET) --check --diff $(ARGS)
 
-rollback: setup  ## make rollback HOST=ct200 [ARGS="-e rollback_to=RELEASE_ID"]
+rollback: setup  ## make rollback HOST=ct200 [ARGS="-e rollback_to=RELEASE_ID"] (a failed release: also -e rollback_force=true)
+	$(CHECK_INVENTORY)
 	$(ANSIBLE) $(INVENTORY_ARG) playbooks/rollback.yml --limit $(TARGET) $(ARGS)
 
 testhost: setup  ## start the local test host ct-test-1 and its DDTree git source (kept until make testhost-down)

@@ -13,8 +13,10 @@ inventory/production/hosts.yml), so there is one list of hosts. Host keys are ch
 from __future__ import annotations
 
 import contextlib
+import socket
 import time
 
+import paramiko
 from fabric import task
 
 from ddtree_ops.hosts import (
@@ -24,24 +26,39 @@ from ddtree_ops.hosts import (
     connect,
     logs_text,
     open_tunnel,
+    reach_hint,
     status_report,
     target,
 )
+
+# What a host that is down (or not there yet) raises on the first command.
+UNREACHABLE = (OSError, socket.timeout, paramiko.SSHException)
 
 
 @task(help={"host": f"inventory host name (default {LOCAL_TEST_HOST}, the local test host)",
             "inventory": f"inventory file (default {DEFAULT_INVENTORY}; {TEST_INVENTORY} for ct-test-*)"})
 def status(c, host="", inventory=DEFAULT_INVENTORY):
-    """Current release, release markers, service state, GPUs and /server_info of one host."""
-    conn, hv = connect(*target(host, inventory))
-    print(status_report(conn, hv))
+    """Current release, release markers, service state, GPUs and /server_info of one host; exits 1 unless it serves."""
+    host, inventory = target(host, inventory)
+    conn, hv = connect(host, inventory)
+    try:
+        text, ok = status_report(conn, hv)
+    except UNREACHABLE as exc:
+        raise SystemExit(reach_hint(host, hv, exc)) from None
+    print(text)
+    if not ok:
+        raise SystemExit(1)
 
 
 @task(help={"host": "inventory host name", "lines": "how many lines (default 200)"})
 def logs(c, host="", lines=200, inventory=DEFAULT_INVENTORY):
     """The server's last log lines (journald; the test hosts' systemctl writes a file)."""
-    conn, hv = connect(*target(host, inventory))
-    print(logs_text(conn, hv, int(lines)))
+    host, inventory = target(host, inventory)
+    conn, hv = connect(host, inventory)
+    try:
+        print(logs_text(conn, hv, int(lines)))
+    except UNREACHABLE as exc:
+        raise SystemExit(reach_hint(host, hv, exc)) from None
 
 
 @task(help={"host": "inventory host name", "local_port": "port on this machine (default 30000)"})

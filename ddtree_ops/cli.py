@@ -4,7 +4,8 @@
     ddtree-ops release-job [--versions 0.5.14,0.5.23] [--out DIR]
     ddtree-ops smoke --endpoint URL [--model M] [--min-accept-length X] [--wait S] [--verify-stats DIR] [--json FILE]
     ddtree-ops bundle --sglang-version 0.5.23 [--pip-source wheelhouse|index] [--out DIR] [--json]
-    ddtree-ops launch-check [--preload MODULE] [--json] -- SERVER ARGS...
+    ddtree-ops launch-check [--preload MODULE] [--json] (--launch LAUNCH.json [--with-api-key] | -- SERVER ARGS...)
+    ddtree-ops serve LAUNCH.json
     ddtree-ops model-view CHECKPOINT VIEW [--json]
     ddtree-ops testhost up|down [--dir .cache/testhosts] [--count 1]
     ddtree-ops bench --endpoint URL [--contexts 8192,...] [--concurrency 1,4] [--out DIR] [--previous FILE]
@@ -39,7 +40,11 @@ def _patch(args: argparse.Namespace) -> int:
         print(f"{report.action}: {report.outcome} — series {report.series} on SGLang {report.sglang_version} "
               f"({report.layout}, {report.target})")
         for name, state in report.patches.items():
-            print(f"  {state:15} {name}")
+            print(f"  {state:22} {name}")
+    if args.action == "status" and report.outcome not in patchtool.CLEAN_STATES:
+        print(f"ddtree-ops patch status: {report.outcome}: `ddtree-ops patch check {args.target}` says what to do",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -110,8 +115,21 @@ def _bundle(args: argparse.Namespace) -> int:
 
 def _launch_check(args: argparse.Namespace) -> int:
     from .launch_check import LaunchCheck, check_launch_args
+    from .serve import LaunchError, read_launch
 
     server_args = args.server_args[1:] if args.server_args[:1] == ["--"] else args.server_args
+    if args.launch:
+        if server_args:
+            print("ddtree-ops launch-check: give the arguments either in --launch FILE or after --, not both",
+                  file=sys.stderr)
+            return 2
+        try:
+            _, server_args = read_launch(args.launch)
+        except LaunchError as exc:
+            print(f"ddtree-ops launch-check: {exc}", file=sys.stderr)
+            return 2
+        if args.with_api_key:  # the key itself stays in the env file: only its flag matters to the parser
+            server_args += ["--api-key", "checked-not-shown"]
     try:
         result = check_launch_args(server_args, preload=args.preload)
     except Exception as exc:  # a release whose argument parser does not even import would not start either
@@ -124,6 +142,16 @@ def _launch_check(args: argparse.Namespace) -> int:
     if not result.ok:
         print(f"ddtree-ops launch-check: {result.problem}", file=sys.stderr)
     return 0 if result.ok else 1
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .serve import LaunchError, serve
+
+    try:
+        serve(args.launch)  # replaces this process with the server
+    except LaunchError as exc:
+        print(f"ddtree-ops serve: {exc}", file=sys.stderr)
+    return 2
 
 
 def _model_view(args: argparse.Namespace) -> int:
@@ -215,8 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("launch-check", help="have the installed SGLang parse server arguments (exit 1 if refused)")
     c.add_argument("--preload", help="import this module first (the test hosts' GPU-stack stand-ins)")
     c.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    c.add_argument("--launch", help="a release's launch.json: check exactly the argument vector the unit runs")
+    c.add_argument("--with-api-key", action="store_true", help="with --launch: the unit adds --api-key too")
     c.add_argument("server_args", nargs=argparse.REMAINDER, help="-- then the arguments of sglang.launch_server")
     c.set_defaults(func=_launch_check)
+
+    e = sub.add_parser("serve", help="exec a release's server from its launch.json (the systemd unit runs this)")
+    e.add_argument("launch", help="the release's launch.json (module and argument vector)")
+    e.set_defaults(func=_serve)
 
     v = sub.add_parser("model-view", help="write the dense-MLA view of a DSA checkpoint (GLM-5) for a DDTree server")
     v.add_argument("source", help="the checkpoint folder (config.json and weights)")

@@ -31,8 +31,8 @@ ROOT = "/srv/ddtree"
 SERVICE = "sglang-ddtree"
 
 
-HOST_KEYS = ["ansible_host", "ansible_user", "ansible_port", "ansible_ssh_private_key_file", "ansible_ssh_common_args",
-             "ddtree_root", "ddtree_service", "ddtree_port", "ddtree_bind_address"]
+HOST_KEYS = ["inventory_hostname", "ansible_host", "ansible_user", "ansible_port", "ansible_ssh_private_key_file",
+             "ansible_ssh_common_args", "ddtree_root", "ddtree_service", "ddtree_port", "ddtree_bind_address"]
 
 
 def host_vars(host: str, inventory: str = DEFAULT_INVENTORY) -> dict:
@@ -78,8 +78,9 @@ def _service(hv: dict) -> str:
     return hv.get("ddtree_service", SERVICE)
 
 
-def status_report(conn: Connection, hv: dict) -> str:
-    """Text of `fab status`: current release, markers of each release, service state, GPUs, server info."""
+def status_report(conn: Connection, hv: dict) -> tuple[str, bool]:
+    """Text of `fab status` (current release, markers of each release, service state, the release the server
+    process runs, GPUs, server info) and whether the host serves: the service active and the server answering."""
     root = shlex.quote(_root(hv))
     lines = []
     quiet = {"hide": True, "warn": True, "in_stream": False}  # no stdin: fab runs in scripts and tests too
@@ -92,6 +93,9 @@ def status_report(conn: Connection, hv: dict) -> str:
     lines += [f"  {row}" for row in listing.splitlines()] or ["  none"]
     active = conn.run(f"systemctl is-active {_service(hv)}", **quiet).stdout.strip() or "unknown"
     lines.append(f"service {_service(hv)}: {active}")
+    serving = conn.run(f"pid=$(systemctl show -p MainPID {_service(hv)} | cut -d= -f2); [ \"${{pid:-0}}\" != 0 ] && "
+                       "tr '\\0' '\\n' < /proc/$pid/environ | sed -n 's/^DDTREE_RELEASE_ID=//p'", **quiet)
+    lines.append(f"server process runs release: {serving.stdout.strip() or 'none (or unreadable: needs root)'}")
     gpus = conn.run("nvidia-smi --query-gpu=index,name,compute_cap,memory.used,utilization.gpu --format=csv,noheader",
                     hide=True, warn=True, in_stream=False)
     lines.append("gpus: " + (gpus.stdout.strip().replace("\n", "\n      ") if gpus.ok else "nvidia-smi not available"))
@@ -108,7 +112,19 @@ def status_report(conn: Connection, hv: dict) -> str:
                      f"accept length {accept}")
     else:
         lines.append(f"server: no answer on {address}:{port}")
-    return "\n".join(lines)
+    ok = active == "active" and info.ok
+    if not ok:
+        lines.append(f"NOT SERVING: see `fab logs --host {hv.get('inventory_hostname', 'HOST')}`; roll back with "
+                     f"`make rollback HOST=...` or redeploy with `make deploy HOST=...`")
+    return "\n".join(lines), ok
+
+
+def reach_hint(host: str, hv: dict, exc: Exception) -> str:
+    """One line for a host that cannot be reached: which address, why, and how to bring it up."""
+    where = f"{hv.get('ansible_host', host)}:{hv.get('ansible_port', 22)}"
+    fix = ("the local test host is down: bring it up with `make testhost` (or `make deploy`)"
+           if host.startswith("ct-test-") else "check that the host is up and that ssh reaches it")
+    return f"cannot reach {host} at {where} ({type(exc).__name__}: {str(exc)[:160]}): {fix}"
 
 
 def target(host: str, inventory: str) -> tuple[str, str]:

@@ -22,6 +22,8 @@ from .sglang_tree import SglangTree, locate
 
 RECORD = ".ddtree-patches.json"
 APPLIED, NOT_APPLIED, CONFLICT = "applied", "not applied", "does not apply"
+MODIFIED = "modified since applied"  # recorded as applied, but its files no longer hold it
+CLEAN_STATES = {APPLIED, NOT_APPLIED}
 
 
 @dataclass
@@ -72,7 +74,9 @@ def _git_apply(tree: SglangTree, patches: list[Patch] | tuple[Patch, ...], *, re
 
 
 def patch_states(tree: SglangTree, series: Series) -> dict[str, str]:
-    """Each patch on its own: applies forward (not applied), backward (applied), or neither."""
+    """Each patch on its own: applies forward (not applied), backward (applied), or neither: then
+    modified since applied (the record says this patch went in) or does not apply (it never did)."""
+    recorded = {r["name"] for r in (read_record(tree) or {}).get("patches", [])}
     states = {}
     for p in series.patches:
         if _git_apply(tree, [p], check=True).returncode == 0:
@@ -80,8 +84,20 @@ def patch_states(tree: SglangTree, series: Series) -> dict[str, str]:
         elif _git_apply(tree, [p], check=True, reverse=True).returncode == 0:
             states[p.name] = APPLIED
         else:
-            states[p.name] = CONFLICT
+            states[p.name] = MODIFIED if p.name in recorded else CONFLICT
     return states
+
+
+def patch_files(patch: Patch) -> list[str]:
+    """The files a patch changes (wheel layout: sglang/...)."""
+    return list(_hunks(patch.path))
+
+
+def _where(tree: SglangTree, series: Series, states: dict[str, str], wanted: set[str]) -> str:
+    """'0002 (sglang/srt/...py)' for each patch in one of the `wanted` states, files as in the target."""
+    prefix = f"{tree.prefix}/" if tree.prefix else ""
+    return "; ".join(f"{p.name.split('-')[0]} ({', '.join(prefix + f for f in patch_files(p))})"
+                     for p in series.patches if states[p.name] in wanted)
 
 
 def _hunks(patch: Path) -> dict[str, list[tuple[int, str]]]:
@@ -172,8 +188,23 @@ def status(target, *, series: str | None = None, patches=None, sglang_version: s
     tree, s = _resolve(target, series, patches, sglang_version)
     states = patch_states(tree, s)
     values = set(states.values())
-    outcome = values.pop() if len(values) == 1 else "partially applied"
+    if MODIFIED in values:
+        outcome = MODIFIED
+    elif CONFLICT in values:
+        outcome = CONFLICT
+    else:
+        outcome = values.pop() if len(values) == 1 else "partially applied"
     return _report("status", tree, s, outcome, states)
+
+
+def _refuse_changed(tree: SglangTree, s: Series, states: dict[str, str]) -> None:
+    """Files changed by hand since the patches went in: say which, and how to get them back."""
+    if MODIFIED in states.values():
+        version = tree.version or "the same commit"
+        raise PatchError(f"{tree.package}: {_where(tree, s, states, {MODIFIED})} changed since the patches were "
+                         f"applied ({_fmt(states)}). Restore those files from SGLang {version} (in a release venv: "
+                         f"pip install --force-reinstall --no-deps sglang=={version}; in a checkout: git checkout -- "
+                         f"the files), then apply again")
 
 
 def check(target, *, series: str | None = None, patches=None, sglang_version: str | None = None) -> Report:
@@ -182,8 +213,11 @@ def check(target, *, series: str | None = None, patches=None, sglang_version: st
     states = patch_states(tree, s)
     if all(v == APPLIED for v in states.values()):
         return _report("check", tree, s, "already applied", states)
+    _refuse_changed(tree, s, states)
     if any(v == APPLIED for v in states.values()):
-        raise PatchError(f"{tree.package} is partially patched ({_fmt(states)}): run revert, or reinstall SGLang")
+        raise PatchError(f"{tree.package} is partially patched ({_fmt(states)}; applied: "
+                         f"{_where(tree, s, states, {APPLIED})}): `ddtree-ops patch revert {tree.base}` takes the "
+                         f"applied ones back out, then apply again")
     if _git_apply(tree, s.patches, check=True).returncode != 0:
         failures = [f for p in s.patches for f in explain_failure(tree, p)]
         raise PatchError(f"series {s.name} does not apply to SGLang {tree.version or '(unknown version)'} at "
@@ -213,10 +247,12 @@ def revert(target, *, series: str | None = None, patches=None, sglang_version: s
     if all(v == NOT_APPLIED for v in states.values()):
         _record_path(tree).unlink(missing_ok=True)
         return _report("revert", tree, s, "not applied", states)
-    if any(v != APPLIED for v in states.values()):
-        raise PatchError(f"{tree.package} is partially patched or changed since ({_fmt(states)}): "
-                         f"reinstall SGLang to get a clean tree")
-    proc = _git_apply(tree, s.patches, reverse=True)
+    _refuse_changed(tree, s, states)
+    if CONFLICT in states.values():
+        raise PatchError(f"{tree.package}: {_where(tree, s, states, {CONFLICT})} neither applied nor revertible "
+                         f"({_fmt(states)}): the files differ from what the series expects; reinstall SGLang there")
+    applied = [p for p in s.patches if states[p.name] == APPLIED]  # a partial tree: take back what went in
+    proc = _git_apply(tree, applied, reverse=True)
     if proc.returncode != 0:
         raise PatchError(f"git apply --reverse failed on {tree.package}; nothing was changed:\n{proc.stderr.strip()}")
     _record_path(tree).unlink(missing_ok=True)

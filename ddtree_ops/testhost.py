@@ -11,8 +11,11 @@ Teardown kills only the processes inside the test's namespaces (by PID, `ip netn
 then deletes the namespaces and veth pairs, also when the test failed.
 
 Run `ddtree-ops testhost up` / `down` to keep hosts around by hand (make deploy with no HOST
-does this); `down` also removes the hosts of a test run that was killed before its teardown:
-every `ddt-host<i>` namespace, so a test run still going loses its hosts too. The host runs the
+does this) at 10.213.<i>.2, the addresses inventory/test/hosts.yml defaults to. A test run takes
+the first free slot of its own (`up_in_free_slot`: namespaces `ddt<k>-host<i>`, subnet 10.<213+k>),
+so test runs on one machine and a hand-made host never clash; the inventory reads a workdir's subnet
+from its `subnet` file. `down` also removes the hosts of a test run that was killed before its
+teardown: every `ddt[<k>]-host<i>` namespace, so a test run still going loses its hosts too. The host runs the
 stand-ins of tests/endpoint/ (SGLang's HTTP server, the GPU stack for the launch check), packaged
 by build_standin_wheel from this checkout: they stay under tests/, as every stand-in does.
 """
@@ -23,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -34,9 +38,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 SSH_PORT = 2222
-# The hosts' fixed addresses match inventory/test/hosts.yml: host i is 10.213.i.2, this machine 10.213.i.1.
+# Host i is <subnet>.i.2, this machine <subnet>.i.1; `make testhost`'s subnet, and inventory/test's default.
 SUBNET = "10.213"
 STATE_FILE = "testhosts.json"
+SUBNET_FILE = "subnet"  # inventory/test/hosts.yml reads the hosts' subnet from here (10.213 when absent)
+SLOTS = range(1, 41)  # test runs' own prefixes ddt1..ddt40 and subnets 10.214..10.253
+
+
+class HostsTaken(RuntimeError):
+    """A namespace `up` would create already exists (another run holds it, or a killed one left it)."""
 
 
 @dataclass
@@ -73,6 +83,7 @@ def _host_script(workdir: Path, index: int, hostname: str) -> str:
     """Shell run inside `unshare --mount --uts` in the netns: private mounts, then exec sshd."""
     etc = workdir / f"etc-{index}"
     sysctl = workdir / "systemctl"
+    watchdog = workdir / "restart_watchdog.py"
     return textwrap.dedent(f"""\
         set -e
         hostname {hostname}
@@ -82,6 +93,8 @@ def _host_script(workdir: Path, index: int, hostname: str) -> str:
         mount --bind {sysctl} /usr/bin/systemctl
         mkdir -p /run/sshd /etc/systemd/system /var/log/journal
         ip link set lo up
+        # systemd would restart a unit that died (Restart=on-failure); this systemctl does not supervise.
+        nohup /usr/bin/python3 {watchdog} >/var/log/restart-watchdog.log 2>&1 &
         exec /usr/sbin/sshd -D -e -f {workdir}/sshd_config-{index}
     """)
 
@@ -152,8 +165,9 @@ def make_git_sources(workdir: Path) -> dict[str, str]:
     return commits
 
 
-def up(workdir: Path, count: int = 2, prefix: str = "ddt") -> list[TestHost]:
-    """Create `count` hosts (ct-test-1 …), write their keys and known_hosts under workdir, return them."""
+def up(workdir: Path, count: int = 2, prefix: str = "ddt", subnet: str = SUBNET) -> list[TestHost]:
+    """Create `count` hosts (ct-test-1 …) at `subnet`.<i>.2, write their keys, known_hosts and subnet under
+    workdir, return them. Raises HostsTaken, having changed nothing, if a namespace of that name exists."""
     _require_tools()
     workdir.mkdir(parents=True, exist_ok=True)
     os.chmod(workdir, 0o700)
@@ -161,18 +175,20 @@ def up(workdir: Path, count: int = 2, prefix: str = "ddt") -> list[TestHost]:
     sysctl = workdir / "systemctl"
     sysctl.write_text("#!/usr/bin/python3\n" + systemctl_replacement().read_text().split("\n", 1)[1])
     sysctl.chmod(0o755)
+    shutil.copy(Path(__file__).with_name("restart_watchdog.py"), workdir / "restart_watchdog.py")
     hosts: list[TestHost] = []
     known = []
     try:
         for i in range(1, count + 1):
             netns, veth = f"{prefix}-host{i}", f"{prefix}v{i}"
-            if netns in _namespaces():
-                raise RuntimeError(f"network namespace {netns} already exists: another test run holds it, "
-                                   f"or a killed one left it (remove with `ddtree-ops testhost down`)")
-            address = f"{SUBNET}.{i}.2"
-            _run(["ip", "netns", "add", netns])
+            # `ip netns add` is the claim: it fails if the name exists, so two runs cannot both take it.
+            if netns in _namespaces() or subprocess.run(["ip", "netns", "add", netns], capture_output=True).returncode:
+                raise HostsTaken(f"network namespace {netns} already exists: another test run holds it, "
+                                 f"or a killed one left it (remove with `ddtree-ops testhost down`)")
+            address = f"{subnet}.{i}.2"
+            hosts.append(TestHost(f"ct-test-{i}", i, netns, veth, address, 0, []))  # down() removes it from here on
             _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns])
-            _run(["ip", "addr", "add", f"{SUBNET}.{i}.1/30", "dev", veth])
+            _run(["ip", "addr", "add", f"{subnet}.{i}.1/30", "dev", veth])
             _run(["ip", "link", "set", veth, "up"])
             _run(["ip", "netns", "exec", netns, "ip", "addr", "add", f"{address}/30", "dev", "eth0"])
             _run(["ip", "netns", "exec", netns, "ip", "link", "set", "eth0", "up"])
@@ -182,18 +198,36 @@ def up(workdir: Path, count: int = 2, prefix: str = "ddt") -> list[TestHost]:
                     ["ip", "netns", "exec", netns, "unshare", "--mount", "--uts", "--propagation", "private",
                      "sh", "-c", _host_script(workdir, i, f"ct-test-{i}")],
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            host = TestHost(f"ct-test-{i}", i, netns, veth, address, proc.pid,
-                            ["nsenter", "-t", str(proc.pid), "-n", "-m", "-u"])
-            hosts.append(host)
+            host = hosts[-1] = TestHost(f"ct-test-{i}", i, netns, veth, address, proc.pid,
+                                        ["nsenter", "-t", str(proc.pid), "-n", "-m", "-u"])
             _wait_port(host)
             pub = (workdir / "host_ed25519.pub").read_text().split()[:2]
             known.append(f"[{address}]:{SSH_PORT} {' '.join(pub)}\n")
         (workdir / "known_hosts").write_text("".join(known))
+        (workdir / SUBNET_FILE).write_text(subnet + "\n")
         (workdir / STATE_FILE).write_text(json.dumps([asdict(h) for h in hosts], indent=1))
     except BaseException:
         down(workdir, hosts)
         raise
     return hosts
+
+
+def _subnet_in_use(subnet: str) -> bool:
+    return f" {subnet}." in _run(["ip", "-o", "-4", "addr"]).stdout
+
+
+def up_in_free_slot(workdir: Path, count: int = 2) -> list[TestHost]:
+    """`up` in the first slot no other run holds (its own namespace names and subnet), for a test run."""
+    for k in SLOTS:
+        subnet = f"10.{int(SUBNET.split('.')[1]) + k}"
+        if _subnet_in_use(subnet):
+            continue
+        try:
+            return up(workdir, count, prefix=f"ddt{k}", subnet=subnet)
+        except HostsTaken:
+            continue
+    raise RuntimeError(f"all {len(SLOTS)} test-host slots are taken (ddt1-host1 … ddt{SLOTS[-1]}-host1): "
+                       f"remove what killed runs left with `ddtree-ops testhost down`")
 
 
 def build_standin_wheel(workdir: Path) -> Path:
@@ -256,17 +290,19 @@ def down(workdir: Path, hosts: list[TestHost] | None = None) -> None:
     """Kill every process inside the hosts' namespaces (only those), delete namespaces and links."""
     hosts = load(workdir) if hosts is None else hosts
     for host in hosts:
-        _remove(host.netns, host.veth, (str(host.pid),))
+        _remove(host.netns, host.veth, (str(host.pid),) if host.pid else ())
     (workdir / STATE_FILE).unlink(missing_ok=True)
 
 
 def remove_leftovers(prefix: str = "ddt") -> list[str]:
     """Remove the hosts a killed run left behind (its state file is gone with its temporary directory):
-    every namespace named like `up`'s (`{prefix}-host<i>`), its processes and its veth. Returns their names."""
-    left = [ns for ns in _namespaces()
-            if ns.startswith(f"{prefix}-host") and ns.removeprefix(f"{prefix}-host").isdigit()]
-    for netns in left:
-        _remove(netns, f"{prefix}v{netns.removeprefix(f'{prefix}-host')}")
+    every namespace named like `up`'s (`{prefix}[<k>]-host<i>`), its processes and its veth. Returns their names."""
+    left = []
+    for netns in _namespaces():
+        m = re.fullmatch(rf"({re.escape(prefix)}\d*)-host(\d+)", netns)
+        if m:
+            _remove(netns, f"{m.group(1)}v{m.group(2)}")
+            left.append(netns)
     return left
 
 

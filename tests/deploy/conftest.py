@@ -64,9 +64,8 @@ class Hosts:
     def __getitem__(self, name: str) -> testhost.TestHost:
         return next(h for h in self.hosts if h.name == name)
 
-    def play(self, playbook: str, *args: str, limit: str | None = None, extra: dict | None = None,
-             env: dict | None = None) -> PlayResult:
-        """Run playbooks/<playbook> with the test inventory; return exit code, output and recap."""
+    def _command(self, playbook: str, args: tuple[str, ...], limit: str | None, extra: dict | None,
+                 env: dict | None) -> tuple[list[str], dict]:
         bindir = str(Path(sys.executable).parent)
         cmd = [f"{bindir}/ansible-playbook", "-i", "inventory/test", f"playbooks/{playbook}", *args]
         if limit:
@@ -75,11 +74,23 @@ class Hosts:
             cmd += ["-e", json.dumps(extra)]
         env = {**os.environ, "DDTREE_TESTHOST_DIR": str(self.workdir), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
                "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", "PATH": f"{bindir}:{os.environ['PATH']}",
-               **(env or {})}
+               "PYTHONUNBUFFERED": "1", **(env or {})}
+        return cmd, env
+
+    def play(self, playbook: str, *args: str, limit: str | None = None, extra: dict | None = None,
+             env: dict | None = None) -> PlayResult:
+        """Run playbooks/<playbook> with the test inventory; return exit code, output and recap."""
+        cmd, env = self._command(playbook, args, limit, extra, env)
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
         out = proc.stdout + proc.stderr
         (self.workdir / f"last-{playbook}.log").write_text(out)
         return PlayResult(proc.returncode, out, _parse_recap(out))
+
+    def start(self, playbook: str, *args: str, limit: str | None = None, extra: dict | None = None) -> subprocess.Popen:
+        """Start playbooks/<playbook> in the background (its own process group), output on a pipe."""
+        cmd, env = self._command(playbook, args, limit, extra, None)
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
 
     def sh(self, host: str, command: str) -> str:
         return testhost.on_host(self[host], command).stdout.strip()
@@ -101,8 +112,12 @@ class Hosts:
             health = requests.get(f"http://{h.address}:30000/health_generate", timeout=5).status_code
         except requests.RequestException:
             info, health = None, None
+        # Which release the server process is, from the process itself (what the deploy reads).
+        serving = self.sh(host, "pid=$(systemctl show -p MainPID sglang-ddtree | cut -d= -f2); [ -n \"$pid\" ] && "
+                                "tr '\\0' '\\n' < /proc/$pid/environ | sed -n 's/^DDTREE_RELEASE_ID=//p' || true")
+        lock = self.sh(host, f"cat {ROOT}/.deploy-lock/owner.json 2>/dev/null || true")
         return {"current": current.removeprefix("releases/"), "releases": releases, "venvs": venvs,
-                "pids": pids, "info": info, "health": health}
+                "pids": pids, "info": info, "health": health, "serving": serving, "lock": lock}
 
 
 @pytest.fixture(scope="session")
@@ -110,7 +125,7 @@ def hosts(tmp_path_factory) -> Hosts:
     workdir = tmp_path_factory.mktemp("testhosts")
     testhost.build_standin_wheel(workdir)
     testhost.make_git_sources(workdir)
-    made = testhost.up(workdir, count=2)
+    made = testhost.up_in_free_slot(workdir, count=2)  # its own names and subnet: runs never clash
     try:
         yield Hosts(workdir, made)
     finally:

@@ -12,12 +12,15 @@ The last cases run the read-only Fabric tasks (ddtree_ops.hosts, `fab`) against 
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import paramiko
@@ -25,6 +28,7 @@ import pytest
 import requests
 
 from ddtree_ops import hosts as remote
+from ddtree_ops import testhost
 
 from .conftest import REPO, ROOT, UNIT, Hosts
 
@@ -39,11 +43,13 @@ def _deployed(hosts: Hosts, host: str, version: str) -> dict:
     assert st["current"] in st["releases"], st
     assert st["releases"][st["current"]] == {"complete": True, "verified": True}, st
     assert len(st["pids"]) == 1, f"one server process expected on {host}: {st['pids']}"
+    assert st["serving"] == st["current"], "the server process is not the current release"
+    assert st["lock"] == "", "the deploy lock was left behind"
     return st
 
 
 def test_first_deploy_on_two_hosts(hosts: Hosts):
-    result = hosts.play("deploy.yml", extra=hosts.source(OLD))
+    result = hosts.play("deploy.yml", extra={**hosts.source(OLD), "ddtree_selfcheck": True})
     assert result.rc == 0, result.output[-4000:]
     for host in (H1, H2):
         assert result.recap[host]["failed"] == 0
@@ -59,7 +65,7 @@ def test_first_deploy_on_two_hosts(hosts: Hosts):
         # the unit refers only to current/ and is valid for systemd
         unit = hosts.sh(host, f"cat {UNIT}")
         assert f"EnvironmentFile={ROOT}/current/sglang.env" in unit
-        assert f"ExecStart={ROOT}/current/venv/bin/python" in unit
+        assert f"ExecStart={ROOT}/current/venv/bin/ddtree-ops serve {ROOT}/current/launch.json" in unit
         assert "/releases/" not in unit and "KillMode=mixed" in unit and "User=sglang" in unit
         verify = hosts.sh(host, f"cp {UNIT} /tmp/ddtree-verify.service && "
                                 f"systemd-analyze verify --man=no /tmp/ddtree-verify.service 2>&1; echo rc=$?")
@@ -68,6 +74,9 @@ def test_first_deploy_on_two_hosts(hosts: Hosts):
         assert hosts.sh(host, f"stat -c '%a %U' {ROOT}/current/sglang.env") == "600 root"
         assert hosts.sh(host, f"ps -o user= -p {st['pids'][0]}") == "sglang"
         assert hosts.sh(host, f"readlink {ROOT}/current") == f"releases/{st['current']}"  # relative link
+        # the kernel ran against the float64 reference on the host before the switch (here: the interpreter)
+        check = json.loads(hosts.sh(host, f"cat {ROOT}/current/selfcheck.json"))
+        assert check["ok"] and check["device"] == "CPU, Triton interpreter" and len(check["cases"]) == 3
     with pytest.raises(KeyError):
         pwd.getpwnam("sglang")  # nothing reached this machine's /etc
 
@@ -99,6 +108,8 @@ def test_check_mode_reports_and_touches_nothing(hosts: Hosts):
     assert result.rc == 0, result.output[-4000:]
     assert result.changed(H1) > 0  # it says what would change ...
     assert "Switch current to" in result.output
+    text = " ".join(result.output.split())
+    assert f"{H1}: would deploy release" in text and " serves http" not in text  # ... not that it serves
     after = hosts.state(H1)  # ... and changed none of it
     assert hosts.sh(H1, f"find {ROOT} /etc/systemd/system -printf '%p %s %T@\\n' | sort") == listing
     assert after["pids"] == before["pids"] and after["info"]["version"] == hosts.version(OLD)
@@ -111,7 +122,7 @@ def test_upgrade_to_a_new_pin(hosts: Hosts):
     st = _deployed(hosts, H1, NEW)
     assert st["current"] != old and st["releases"][old] == {"complete": True, "verified": True}
     assert len(st["venvs"]) == 2
-    assert f"roll back: ansible-playbook -i inventory/test playbooks/rollback.yml --limit {H1}" in result.output
+    assert f"roll back: make rollback HOST={H1} INVENTORY=inventory/test" in result.output
     assert hosts.state(H2)["info"]["version"] == hosts.version(OLD)  # --limit kept the other host out
 
 
@@ -165,7 +176,7 @@ def test_health_never_ready_rolls_back(hosts: Hosts):
         "ddtree_env": {"STANDIN_WARMUP_S": "1", "STANDIN_NEVER_HEALTHY": "1"}})
     assert result.rc != 0
     assert "Wait for /health_generate" in result.output
-    assert f"Release {before['current']} is serving again" in result.output
+    assert f"rolled back: release {before['current']} is current and healthy" in " ".join(result.output.split())
     after = hosts.state(H1)
     assert after["current"] == before["current"] and after["health"] == 200
     assert after["info"]["version"] == hosts.version(NEW)
@@ -249,6 +260,142 @@ def test_pruning_keeps_current_and_previous_verified(hosts: Hosts):
     assert requests.get(f"http://{hosts[H2].address}:30000/server_info", timeout=5).status_code == 401
 
 
+# -- interrupted, concurrent and repeated deploys (issue 35) ------------------------------
+
+def _serving_budget(hosts: Hosts, host: str) -> str:
+    args = hosts.state(host)["info"]["server_args"]
+    return args[args.index("--speculative-ddtree-budget") + 1]
+
+
+def test_numeric_and_boolean_overrides_from_the_command_line(hosts: Hosts):
+    """`-e name=value` gives strings: every numeric and boolean setting is read through a filter."""
+    result = hosts.play("deploy.yml", "-e", "ddtree_releases_keep=3", "-e", "ddtree_health_timeout_s=20",
+                        "-e", "ddtree_min_free_disk_gb=1", "-e", "ddtree_smoke_min_accept_length=1.5",
+                        "-e", "ddtree_smoke=true", "-e", "ddtree_smoke_verify_stats=false",
+                        "-e", "ddtree_ddtree_budget=10", limit=H1, extra=hosts.source(NEW))
+    assert result.rc == 0, result.output[-4000:]
+    _deployed(hosts, H1, NEW)
+    assert _serving_budget(hosts, H1) == "10"
+
+
+def test_an_interrupted_deploy_converges_on_its_rerun(hosts: Hosts):
+    """Killed right after the switch: `current` names the new release while the old process serves, and the
+    lock is left. The rerun is refused naming the lock's holder; with the lock broken it restarts the server
+    (the process is not the current release), verifies and marks the release verified."""
+    before = hosts.state(H1)
+    run = hosts.start("deploy.yml", "-e", "ddtree_ddtree_budget=12", limit=H1, extra=hosts.source(NEW))
+    seen = []
+    for line in run.stdout:
+        seen.append(line)
+        if "TASK [ddtree : Read which release the running server is]" in line:
+            os.killpg(run.pid, signal.SIGKILL)
+            break
+    run.wait(timeout=60)
+    mid = hosts.state(H1)
+    assert mid["current"] != before["current"] and mid["serving"] == before["current"], "".join(seen[-20:])
+    assert mid["lock"] and _serving_budget(hosts, H1) == "10"
+
+    refused = hosts.play("deploy.yml", "-e", "ddtree_ddtree_budget=12", limit=H1, extra=hosts.source(NEW))
+    text = " ".join(refused.output.split())
+    assert refused.rc != 0 and "holds ct-test-1's lock" in text and "ddtree_break_lock=true" in text
+    assert hosts.state(H1)["pids"] == mid["pids"]  # nothing was touched
+    result = hosts.play("deploy.yml", "-e", "ddtree_ddtree_budget=12", "-e", "ddtree_break_lock=true", limit=H1,
+                        extra=hosts.source(NEW))
+    assert result.rc == 0, result.output[-4000:]
+    st = _deployed(hosts, H1, NEW)
+    assert st["current"] == mid["current"] and _serving_budget(hosts, H1) == "12"
+
+
+def test_one_deploy_at_a_time(hosts: Hosts):
+    first = hosts.start("deploy.yml", "-e", "ddtree_ddtree_budget=14", limit=H1, extra=hosts.source(NEW))
+    deadline = time.monotonic() + 120
+    while not hosts.sh(H1, f"cat {ROOT}/.deploy-lock/owner.json 2>/dev/null || true"):
+        assert time.monotonic() < deadline and first.poll() is None, "the first deploy never took the lock"
+        time.sleep(0.5)
+    second = hosts.play("deploy.yml", "-e", "ddtree_ddtree_budget=16", limit=H1, extra=hosts.source(NEW))
+    out, _ = first.communicate(timeout=900)
+    assert first.returncode == 0, out[-4000:]
+    text = " ".join(second.output.split())
+    assert second.rc != 0 and "holds ct-test-1's lock" in text and " since " in text
+    _deployed(hosts, H1, NEW)
+    assert _serving_budget(hosts, H1) == "14"  # only the first one served
+
+
+def test_a_verified_release_failing_again_is_not_marked_failed(hosts: Hosts):
+    """The current, verified release fails this run's smoke test (its server was down, so the rerun restarts
+    and smoke-tests it, against a floor it cannot meet): it stays current and is not marked failed; the next
+    run converges without a restart."""
+    before = hosts.state(H1)
+    hosts.sh(H1, "systemctl stop sglang-ddtree")
+    result = hosts.play("deploy.yml", "-e", "ddtree_ddtree_budget=14", "-e", "ddtree_smoke_min_accept_length=9",
+                        limit=H1, extra=hosts.source(NEW))
+    text = " ".join(result.output.split())
+    assert result.rc != 0 and "had served and passed before, so it was not marked failed" in text, text[-3000:]
+    after = hosts.state(H1)
+    assert after["current"] == before["current"] and "failed" not in after["releases"][before["current"]]
+    again = hosts.play("deploy.yml", "-e", "ddtree_ddtree_budget=14", limit=H1, extra=hosts.source(NEW))
+    assert again.rc == 0, again.output[-4000:]
+    restart = again.output.split("TASK [ddtree : Restart the server on release", 1)[1].split("TASK [", 1)[0]
+    assert "skipping" in restart  # the failed run had started this release; nothing to restart
+    _deployed(hosts, H1, NEW)
+
+
+def test_a_killed_server_is_restarted_by_its_unit(hosts: Hosts):
+    before = hosts.state(H1)
+    hosts.sh(H1, f"kill -9 {before['pids'][0]}")
+    deadline = time.monotonic() + 30
+    while True:
+        st = hosts.state(H1)
+        if st["health"] == 200 and st["pids"] and st["pids"] != before["pids"]:
+            break
+        assert time.monotonic() < deadline, f"not restarted (Restart=on-failure, RestartSec=2): {st}"
+        time.sleep(1)
+    assert st["serving"] == before["current"]
+    assert "restarting sglang-ddtree.service" in hosts.sh(H1, "cat /var/log/restart-watchdog.log")
+
+
+def test_rollback_to_a_failed_release_needs_force_and_the_printed_hint_runs(hosts: Hosts):
+    good = hosts.state(H1)["current"]
+    low_acceptance = {"STANDIN_WARMUP_S": "1", "STANDIN_ACCEPT_LENGTH": "1"}
+    smoke_fails = hosts.play("deploy.yml", limit=H1,
+                             extra={**hosts.source(NEW), "ddtree_ddtree_budget": 4, "ddtree_env": low_acceptance})
+    assert smoke_fails.rc != 0 and f"rolled back: release {good} is current and healthy" in " ".join(
+        smoke_fails.output.split())
+    st = hosts.state(H1)
+    assert st["current"] == st["serving"] == good
+    failed = next(r for r, m in st["releases"].items() if m.get("failed") and m.get("complete"))
+    refused = hosts.play("rollback.yml", limit=H1, extra={"rollback_to": failed})
+    assert refused.rc != 0 and "rollback_force=true" in refused.output
+    assert hosts.state(H1)["current"] == good
+    forced = hosts.play("rollback.yml", limit=H1, extra={"rollback_to": failed, "rollback_force": True})
+    assert forced.rc == 0, forced.output[-3000:]
+    assert hosts.state(H1)["serving"] == failed
+    # the deploy prints how to roll back; run it exactly as printed, from the repository root
+    hint = f"make rollback HOST={H1} INVENTORY=inventory/test ARGS='-e rollback_to={good}'"
+    proc = subprocess.run(hint, shell=True, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "DDTREE_TESTHOST_DIR": str(hosts.workdir)})
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert hosts.state(H1)["serving"] == good
+
+
+def test_a_failing_kernel_self_check_refuses_or_falls_back_to_sglang(hosts: Hosts):
+    before = hosts.state(H1)
+    bad = {**hosts.source(NEW), "ddtree_selfcheck": True, "ddtree_selfcheck_heads": 0, "ddtree_ddtree_budget": 6}
+    refused = hosts.play("deploy.yml", limit=H1, extra=bad)
+    text = " ".join(refused.output.split())
+    assert refused.rc != 0 and "ddtree_kernels computed wrong" in text and "was not switched to" in text
+    assert hosts.state(H1)["pids"] == before["pids"]
+    fallback = hosts.play("deploy.yml", limit=H1, extra={**bad, "ddtree_selfcheck_fallback": "sglang"})
+    assert fallback.rc == 0, fallback.output[-3000:]
+    assert "WARNING: ddtree_kernels computed wrong" in " ".join(fallback.output.split())
+    st = _deployed(hosts, H1, NEW)
+    assert st["info"]["verify_kernel"] == "sglang"
+    restore = hosts.play("deploy.yml", "-e", "ddtree_ddtree_budget=14", limit=H1, extra=hosts.source(NEW))
+    assert restore.rc == 0, restore.output[-3000:]
+    manifest = json.loads(hosts.sh(H1, f"cat {ROOT}/current/manifest.json"))
+    assert manifest["verify_kernel"] == "ddtree"
+
+
 # -- remote.py ----------------------------------------------------------------------------
 
 @pytest.fixture
@@ -260,8 +407,9 @@ def test_inventory(hosts: Hosts, monkeypatch):
 def test_status_reports_what_is_on_the_host(hosts: Hosts, test_inventory):
     state = hosts.state("ct-test-1")
     conn, hv = remote.connect("ct-test-1", test_inventory)
-    assert hv["ansible_host"] == "10.213.1.2" and hv["ansible_port"] in (2222, "2222")
-    report = remote.status_report(conn, hv)
+    assert hv["ansible_host"] == hosts["ct-test-1"].address and hv["ansible_port"] in (2222, "2222")
+    report, serving = remote.status_report(conn, hv)
+    assert serving == (state["health"] == 200)
     current = state["current"]
     assert f"current: {'releases/' + current if current else 'none'}" in report
     for rid, markers in state["releases"].items():
@@ -280,9 +428,35 @@ def test_fab_with_no_host_acts_on_the_local_test_host(hosts: Hosts, test_invento
     assert f"current: releases/{hosts.state(H1)['current']}" in proc.stdout
 
 
+def test_fab_status_fails_when_the_host_does_not_serve(hosts: Hosts, test_inventory):
+    bindir = Path(sys.executable).parent
+    fab = [str(bindir / "fab"), "status", "--host", H1, "--inventory", "inventory/test"]
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+    hosts.sh(H1, "systemctl stop sglang-ddtree")
+    try:
+        down = subprocess.run(fab, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+        assert down.returncode == 1, down.stdout + down.stderr
+        assert "NOT SERVING" in down.stdout and "service sglang-ddtree: inactive" in down.stdout
+    finally:
+        hosts.sh(H1, "systemctl start sglang-ddtree")
+    deadline = time.monotonic() + 30
+    while hosts.state(H1)["health"] != 200:
+        assert time.monotonic() < deadline
+        time.sleep(1)
+    up = subprocess.run(fab, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert up.returncode == 0 and f"server process runs release: {hosts.state(H1)['current']}" in up.stdout
+
+
+def test_an_unreachable_test_host_is_named_with_how_to_bring_it_up():
+    hint = remote.reach_hint("ct-test-1", {"ansible_host": "10.213.1.2", "ansible_port": 2222},
+                             ConnectionRefusedError(111, "Connection refused"))
+    assert "cannot reach ct-test-1 at 10.213.1.2:2222" in hint and "make testhost" in hint
+
+
 def test_unknown_host_key_is_refused(hosts: Hosts, tmp_path, monkeypatch):
     # The same inventory, but a known_hosts without the test host's key (and no ~/.ssh either).
-    shutil.copy(hosts.workdir / "id_ed25519", tmp_path / "id_ed25519")
+    for name in ("id_ed25519", testhost.SUBNET_FILE):
+        shutil.copy(hosts.workdir / name, tmp_path / name)
     (tmp_path / "known_hosts").write_text("")
     monkeypatch.setenv("DDTREE_TESTHOST_DIR", str(tmp_path))
     monkeypatch.setenv("HOME", str(tmp_path))

@@ -3,11 +3,13 @@ run must be told how to remove them, and that command must remove them (and noth
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 
 import pytest
 
+from ddtree_ops import hosts as remote
 from ddtree_ops import testhost
 
 
@@ -42,3 +44,29 @@ def test_down_removes_what_a_killed_run_left(tmp_path):
         for ns in (left, other):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         subprocess.run(["ip", "link", "del", veth], capture_output=True)
+
+
+def test_runs_take_their_own_slots_and_the_inventory_follows(tmp_path, monkeypatch):
+    """Two runs on one machine (e.g. CI next to a developer's run) get distinct namespaces and subnets, and the
+    test inventory, pointed at a run's directory, reaches that run's hosts."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    made: list[tuple] = []
+    try:
+        for workdir in (first, second):
+            made.append((workdir, testhost.up_in_free_slot(workdir, count=1)))
+        (_, [a]), (_, [b]) = made
+        assert a.netns != b.netns and a.address.rsplit(".", 2)[0] != b.address.rsplit(".", 2)[0]
+        assert not a.address.startswith(f"{testhost.SUBNET}.")  # `make testhost`'s hosts keep theirs
+        for workdir, [host] in made:
+            monkeypatch.setenv("DDTREE_TESTHOST_DIR", str(workdir))
+            assert remote.host_vars("ct-test-1", "inventory/test")["ansible_host"] == host.address
+            ssh = subprocess.run(["ssh", "-i", str(workdir / "id_ed25519"), "-p", str(testhost.SSH_PORT),
+                                  "-o", f"UserKnownHostsFile={workdir / 'known_hosts'}",
+                                  "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
+                                  f"root@{host.address}", "hostname"],
+                                 capture_output=True, text=True, timeout=30, env={**os.environ, "HOME": str(tmp_path)})
+            assert ssh.stdout.strip() == "ct-test-1", ssh.stderr
+    finally:
+        for workdir, hosts in made:
+            testhost.down(workdir, hosts)
+    assert not {a.netns, b.netns} & set(testhost._namespaces())

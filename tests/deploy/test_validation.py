@@ -42,6 +42,8 @@ def test_missing_test_host_source_is_named():
       "ddtree_sglang_git_commit": "main"}, ["ddtree_sglang_git_commit", "40-hex"]),
     ({"ddtree_releases_keep": 1}, ["ddtree_releases_keep"]),
     ({"ddtree_env": {"BAD NAME": "x"}}, ["ddtree_env"]),
+    ({"ddtree_releases_keep": "1"}, ["ddtree_releases_keep must be at least 2"]),  # a string, as -e gives it
+    ({"ddtree_model_path": ""}, ["empty value after --model-path", "ddtree_model_path"]),
 ])
 def test_bad_setting_fails_naming_the_variable(extra, names):
     # No test host here, so no DDTree git repository either: a well-formed commit stands for it.
@@ -58,3 +60,17 @@ def test_production_placeholders_are_refused():
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "CHANGE-ME placeholder" in out and "inventory/production/hosts.yml" in out
     assert "UNREACHABLE" not in out
+
+
+def test_a_missing_inventory_fails():
+    proc = _deploy("inventory/nope.yml", "ct200")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "inventory/nope.yml" in out
+
+
+def test_make_names_a_missing_inventory_and_bench_defaults_to_the_test_host():
+    proc = subprocess.run(["make", "--no-print-directory", "check", "HOST=ct200", "INVENTORY=inventory/nope.yml"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "no inventory at inventory/nope.yml" in proc.stdout + proc.stderr
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "bench"], cwd=REPO, capture_output=True, text=True)
+    assert "--endpoint http://10.213.1.2:30000" in dry.stdout  # the local test host, as smoke-test and check

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ddtree_ops import patchtool
+from ddtree_ops.cli import main as cli
 from ddtree_ops.series import DEFAULT_PATCHES, load_series
 from ddtree_ops.sglang_tree import TargetError
 
@@ -107,16 +108,40 @@ def test_cli_exit_codes_and_json(pristine, tmp_path):
     assert nowhere.returncode == 2 and "not a directory" in nowhere.stderr
 
 
-def test_partially_patched_tree_is_refused(pristine):
+def test_partially_patched_tree_is_refused_and_revert_takes_it_back(pristine):
     target = pristine("0.5.22")
-    first = load_series()[0].patches[0]
+    pristine_hashes = tree_hashes(target)
+    first = next(s for s in load_series() if s.name == "sglang-0.5.14+").patches[0]
     subprocess.run(["git", "apply", str(first.path)], cwd=target, check=True)
     before = tree_hashes(target)
-    with pytest.raises(patchtool.PatchError, match="partially patched"):
+    with pytest.raises(patchtool.PatchError) as info:
         patchtool.apply(target)
-    with pytest.raises(patchtool.PatchError, match="partially patched"):
-        patchtool.revert(target)
+    message = str(info.value)
+    assert "partially patched" in message and "sglang/srt/speculative/dflash_utils.py" in message
+    assert f"ddtree-ops patch revert {target}" in message  # the command that fixes it ...
     assert tree_hashes(target) == before
+    assert patchtool.revert(target).outcome == "reverted"  # ... does
+    assert tree_hashes(target) == pristine_hashes
+    assert patchtool.apply(target).outcome == "applied"
+
+
+def test_a_file_edited_after_the_patches_is_named_and_status_fails(pristine, capsys):
+    target = pristine("0.5.23")
+    patchtool.apply(target)
+    registry = target / "sglang/srt/layers/attention/attention_registry.py"
+    registry.write_text(registry.read_text().replace("return make_triton_backend(TritonAttnBackend, runner)",
+                                                     "return make_triton_backend(TritonAttnBackend, runner)  # local"))
+    report = patchtool.status(target)
+    assert report.outcome == patchtool.MODIFIED
+    assert report.patches["0002-triton-route-target-verify-to-ddtree-kernels.patch"] == patchtool.MODIFIED
+    for action in (patchtool.apply, patchtool.revert):
+        with pytest.raises(patchtool.PatchError) as info:
+            action(target)
+        message = str(info.value)
+        assert "changed since the patches were applied" in message and "attention_registry.py" in message
+        assert "pip install --force-reinstall --no-deps sglang==0.5.23" in message
+    assert cli(["patch", "status", str(target)]) == 1
+    assert "modified since applied" in capsys.readouterr().err
 
 
 def test_release_outside_every_series(pristine):

@@ -7,8 +7,8 @@ The GPU machine has torch, Triton and CUDA but no package index and no SGLang. T
 - the dependencies the GPU image lacks (`h200-wheels.txt`: exact pins for its Python 3.12), with two
   wheels cut to what the Triton backend loads (sglang-kernel without FA3's 1.1 GB `flash_ops` and the
   sm_100 and InfLLM builds; xgrammar without its static C++ library);
-- the production launch (`playbooks/server-args.yml` over inventory/production): the argument vector
-  and env file the role renders for the host `ct200`.
+- the production launch (`playbooks/server-args.yml` over inventory/production): the launch.json
+  (module and argument vector) and env file the role renders for the host `ct200`.
 Every wheel is re-zipped uncompressed and the set packed as one xz tar (the device tool carries
 64 MiB a call). `python -m tests.server_gpu.carry` (or `make gpu-carry`) writes `.gpu/`.
 """

@@ -106,15 +106,21 @@ def make_models() -> dict[str, Path]:
 
 # --- 2. the server ------------------------------------------------------------------------------
 
-def production_launch() -> tuple[list[str], dict[str, str]]:
-    """The role's rendered argument vector and env file (playbooks/server-args.yml, inventory/production)."""
-    argv = json.loads((LAUNCH / "server-args.json").read_text())
+def production_launch() -> tuple[str, list[str], dict[str, str]]:
+    """The role's rendered launch (module, argument vector) and env file (playbooks/server-args.yml,
+    inventory/production); `server-args.json` is what carries made before launch.json existed."""
+    if (LAUNCH / "launch.json").exists():
+        launch = json.loads((LAUNCH / "launch.json").read_text())
+        module, argv = launch["module"], launch["argv"]
+    else:
+        module, argv = "sglang.launch_server", json.loads((LAUNCH / "server-args.json").read_text())
     env = {}
     for line in (LAUNCH / "sglang.env").read_text().splitlines():
         if line and not line.startswith("#") and "=" in line:
             name, value = line.split("=", 1)
             env[name] = value.strip().strip('"')
-    return argv, env
+    env.setdefault("DDTREE_SERVER_MODULE", module)
+    return module, argv, env
 
 
 def replace_args(argv: list[str], values: dict[str, str]) -> list[str]:
@@ -128,7 +134,7 @@ def replace_args(argv: list[str], values: dict[str, str]) -> list[str]:
 
 class Server:
     def __init__(self, kernel: str, models: dict[str, Path], run_dir: Path, port: int = 30000):
-        argv, env = production_launch()
+        module, argv, env = production_launch()
         self.argv = replace_args(argv, {"--model-path": str(models["view"]),
                                         "--speculative-draft-model-path": str(models["drafter"]),
                                         "--tp": "1", "--port": str(port)})
@@ -137,9 +143,8 @@ class Server:
         self.stats.mkdir(parents=True, exist_ok=True)
         for f in self.stats.glob("*"):
             f.unlink()
-        module = env.pop("DDTREE_SERVER_MODULE")
-        for unit_only in ("DDTREE_SERVER_ARGS", "DDTREE_AUTH_ARGS"):
-            env.pop(unit_only)
+        for unit_only in ("DDTREE_SERVER_MODULE", "DDTREE_SERVER_ARGS", "DDTREE_AUTH_ARGS", "DDTREE_API_KEY"):
+            env.pop(unit_only, None)  # the unit's own plumbing; the test server runs without an API key
         home = GPU / "home"
         env |= {"DDTREE_VERIFY_KERNEL": kernel, "DDTREE_VERIFY_STATS_DIR": str(self.stats), "HOME": str(home),
                 "XDG_CACHE_HOME": str(home / "cache"), "HF_HOME": str(home / "cache" / "huggingface"),
