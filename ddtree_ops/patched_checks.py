@@ -63,49 +63,24 @@ def extract(path: Path, names: list[str], namespace: dict) -> dict:
     return namespace
 
 
-def _put(mapping, key: str, value) -> None:
-    """mapping[key] = value, or remove key when value is None (restores 'was not there')."""
-    if value is None:
-        mapping.pop(key, None)
-    else:
-        mapping[key] = value
-
-
-@contextlib.contextmanager
-def stand_in_modules(modules: dict[str, dict]) -> Iterator[None]:
-    """Temporarily register modules (and their parent packages) with the given attributes."""
-    saved = {}
-    names = set()
-    for full in modules:
-        parts = full.split(".")
-        names.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
-    for name in sorted(names):
-        saved[name] = sys.modules.get(name)
-        mod = types.ModuleType(name)
-        mod.__path__ = []
-        mod.__dict__.update(modules.get(name, {}))
-        sys.modules[name] = mod
-    try:
-        yield
-    finally:
-        for name, old in saved.items():
-            _put(sys.modules, name, old)
-
-
 @contextlib.contextmanager
 def env(**values: str | None) -> Iterator[None]:
+    from ddtree_kernels.sglang.stand_ins import put
+
     old = {k: os.environ.get(k) for k in values}
     for k, v in values.items():
-        _put(os.environ, k, v)
+        put(os.environ, k, v)
     try:
         yield
     finally:
         for k, v in old.items():
-            _put(os.environ, k, v)
+            put(os.environ, k, v)
 
 
 def run_checks(checks: list[tuple[str, Callable[[], str | None]]], modules: dict[str, dict]) -> list[CheckResult]:
     """Run each (name, fn) with `modules` stood in; an exception is a failed check, not a crash."""
+    from ddtree_kernels.sglang.stand_ins import stand_in_modules
+
     results = []
     for name, fn in checks:
         try:

@@ -174,8 +174,7 @@ class VerifyConfig:
 # (up to 16 rows) takes a 16-key form (42 KB, 128 registers), two programs an SM, one's widening
 # hidden behind the other's (a 16-bit cache's cp.async gathers measured no faster so). Without Gluon
 # the 16-bit tiles fall back to prefix_chunked.py's (four short score chains) and the fp8 ones to
-# prefix.py's keys-major tiles, widened in registers (8 warps to stay spill-free). Why each choice,
-# with timings: kernels/results/sweep-h200.log (sessions 5, 6, 17-22).
+# prefix.py's keys-major tiles, widened in registers (8 warps to stay spill-free).
 SM120 = VerifyConfig(
     prefix=TileConfig(block_m=16, block_n=32, num_warps=8, num_stages=2, ctas_per_sm=1, mma_v2=True,
                       fallback=TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=1,
@@ -203,8 +202,7 @@ SM120 = VerifyConfig(
 
 # Hopper (sm_90, 227 KB a block): two 16-row programs an SM; requests of 17+ rows take the Gluon
 # wide tile of hopper/prefix.py (wgmma, 64 x 64, one an SM; warp-specialized with a row tail), up
-# to 16 rows its keys-major form. The timings behind each field: kernels/results/sweep-h200.log,
-# sessions 3-16.
+# to 16 rows its keys-major form.
 HOPPER = dataclasses.replace(
     SM120,
     prefix=TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=2),

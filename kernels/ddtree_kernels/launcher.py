@@ -314,7 +314,7 @@ def split_count(programs_per_split: int, slots: int, max_splits: int, slack: flo
     so the cost is waves / splits. One program past a full wave doubles the time (265 programs
     on 264 slots). Among the split counts within `slack` of the best cost, take the fewest waves
     (fewer partial outputs to merge), then the most splits that still fit them: a wave filled to
-    the last slot (the tuning log, session 5, has the timings).
+    the last slot.
     """
     def waves(splits: int) -> int:
         return math.ceil(programs_per_split * splits / slots)

@@ -10,8 +10,10 @@ columns of the same rows, read from the K tile when V is a view of K.
 Each program writes a normalised partial output and its base-2 log-sum-exp;
 `merge.py` combines the parts. An empty chunk writes LSE = -inf and no output.
 
-A launch covers the rows from `row_base` on: on Hopper the rows past the last whole
-64-row block run in a second launch on the 16-row tile (launcher.py, "row tail").
+A launch covers the rows from `row_base` on, so a plan can give a request's row tail (the rows
+past its last whole wide block) a launch of its own on a narrower tile (VerifyPlan.prefix_launches).
+On sm_120 these tiles run where the Gluon ones of prefix_mma_v2.py cannot (Triton 3.5, the
+interpreter) and for a cache whose values are not in the keys.
 """
 
 import triton

@@ -93,7 +93,7 @@ def prefix_chunked_kernel(
 
     # Slot indices one tile ahead of their gather, as prefix_split_kernel. At 2 stages the 64-key tile
     # still has one buffer (all that fits beside the queries), so each gather waits for the tile
-    # before it to be used up: the wait prefix_mma_v2's two stages remove (tuning log, session 19).
+    # before it to be used up: the wait prefix_mma_v2's two stages remove.
     offs_tile = tl.arange(0, BLOCK_N)
     slot = tl.load(kv_indices + kv_start + lo + offs_tile, mask=lo + offs_tile < hi, other=0).to(tl.int64)
     for start in range(lo, hi, BLOCK_N):

@@ -12,7 +12,7 @@ repeats another's work:
   as three independent mma.sync chains: two value halves and the rope) and accumulates its
   128 / PARTS of the slice's value columns. Each key fragment a warp loads from shared memory thus
   serves every row: 32 rows read the shared tile once, not once a 16-row group (a quarter less
-  shared-memory traffic a key tile; tuning log, session 21).
+  shared-memory traffic a key tile).
 - The SLICES partial scores are summed through shared memory; the softmax runs on the sum, a few
   rows a warp, and P goes back through shared memory, one copy that every warp reads.
 - A 16-bit cache's key tile is gathered by cp.async, chunk-major ([SLICES, BLOCK_N, 128] values and
@@ -104,7 +104,7 @@ if not _GLUON_ERROR:
                   G_ROPE: gl.constexpr):
         """Keys start .. start + BLOCK_N (zeros from hi on) of an fp8 cache into registers, still 8-bit
         (_tile_ptrs' order), widened when they are stored at the iteration's end. (ptxas issues these loads
-        after the score MMAs; issuing them a whole iteration earlier measured no faster: tuning log, session 20.)"""
+        after the score MMAs; issuing them a whole iteration earlier measured no faster.)"""
         n_ptrs, n_ok, r_ptrs, r_ok = _tile_ptrs(K_buf, slot, slot_r, start, hi, stride_ks, D_V, D_R, BLOCK_N,
                                                 G_NOPE, G_ROPE)
         return gl.load(n_ptrs, mask=n_ok, other=0.0), gl.load(r_ptrs, mask=r_ok, other=0.0)
@@ -201,7 +201,7 @@ if not _GLUON_ERROR:
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
         # A 32-row tile's 16-bit gather of the next tile waits until its scores are stored: issued at the top, its
         # cp.asyncs queue ahead of the score MMAs' ldmatrix and delay them, while 32 rows' MMAs leave it time to
-        # land. A 16-row tile has less to hide the gather behind: issued at the top (tuning log, session 22).
+        # land. A 16-row tile has less to hide the gather behind, so it issues the gather at the top.
         GATHER_LATE: gl.constexpr = BLOCK_M == 32 and not KV_FP8
         for i in range(n_tiles):
             stage = i % 2

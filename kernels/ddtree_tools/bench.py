@@ -279,8 +279,8 @@ def _read_flush():
     """Make do_bench flush L2 by reading its 256 MB buffer instead of zeroing it.
 
     Zeroing leaves L2 full of dirty lines (~50 MB on an H200) that the timed call then pays to
-    write back: +6.6 µs on a 72 µs decode call, nothing on a ms-long one (measured, sweep log
-    "session 5"). After a read, L2 holds nothing of the timed call's and nothing dirty, which is
+    write back: +6.6 µs on a 72 µs decode call, nothing on a ms-long one (measured on the H200).
+    After a read, L2 holds nothing of the timed call's and nothing dirty, which is
     what it holds in a model's forward pass, where the layers before attention mostly read weights.
     """
     driver = triton.runtime.driver.active

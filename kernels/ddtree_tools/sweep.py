@@ -3,16 +3,16 @@
     python -m ddtree_tools.sweep --tile 16x32x4x3 --tile 32x32x4x3 --case 1,185000,8,9 --case 1,185000,8,1
     python -m ddtree_tools.sweep --tile 16x32x8x3x1 --case 1,185000,8,9 --fp8 --merge 64x32 --merge 32x128
     python -m ddtree_tools.sweep --tile 16x32x4x3x2 --wide 64x64x8x2x1 --tail-max 32 --case 1,185000,8,9 --splits 86
-    python -m ddtree_tools.sweep --tile 16x32x4x3x2 --wide 64x64x8x2x1x0x1 --tail-max 32 \
+    python -m ddtree_tools.sweep --tile 16x32x4x3x2 --wide 64x64x8x2x1+gluon --tail-max 32 \
         --gluon-tail 8 --gluon-tail 0 --case 1,185000,8,9
+    python -m ddtree_tools.sweep --emulate sm120 --tile 32x32x8x2x1+mma_v2 --case 1,185000,8,9
     python -m ddtree_tools.sweep --tile 16x32x4x3x2 --gluon-narrow 8x64x8x3 --case 1,185000,8,1
 
 A tile is BLOCK_M x BLOCK_N x warps x stages [x programs resident per SM, default 2: it sets
-the split count [x 1: keys-major scores with the values gathered apart (TileConfig.keys_major)
-[x 1: a wide tile run by prefix_hopper's Gluon kernel (TileConfig.gluon) [x 1: prefix_chunked.py's
-kernel (TileConfig.chunked) [x 1: prefix_mma_v2.py's Gluon kernel (TileConfig.mma_v2)]]]]]];
---emulate sm120 times sm_120's
-kernel path on this GPU (bench.py's emulation);
+the split count], then TileConfig's kernel switches by name, each after a `+`: keys_major (keys-major
+scores, values gathered apart), gluon (the Hopper wide tile, hopper/prefix.py), chunked
+(prefix_chunked.py), mma_v2 (prefix_mma_v2.py's Gluon tile); --emulate sm120 times sm_120's kernel
+path on this GPU (bench.py's emulation);
 a case is bs,L,H,n; a merge is a budget of output columns x parts per program (the launcher
 trades columns for parts); --wide adds a tile for requests of at least its rows,
 with a row tail of up to --tail-max rows on --tile in a second launch (under --fp8, the fp8 wide
@@ -71,8 +71,25 @@ def time_config(case: Case, tile: TileConfig, device: str = "cuda", min_chunk: i
     return us, plan.num_splits
 
 
+TILE_FORM = "MxNxWARPSxSTAGES[xPROGRAMS_PER_SM][+SWITCH...]"
+
+
 def _tile(text: str) -> TileConfig:
-    return TileConfig(*(int(x) for x in text.lower().split("x")))
+    """A tile from its spec: the shape positionally, the kernel switches by name (a new TileConfig field
+    cannot silently change what a recorded command means)."""
+    shape, *switches = text.lower().split("+")
+    names = {f.name for f in dataclasses.fields(TileConfig) if f.type in (bool, "bool")}
+    try:
+        numbers = [int(x) for x in shape.split("x")]
+    except ValueError:
+        numbers = []
+    if not 4 <= len(numbers) <= 5:
+        raise argparse.ArgumentTypeError(f"tile {text!r}: write {TILE_FORM}, e.g. 32x32x8x2x1+mma_v2")
+    unknown = sorted(set(switches) - names)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"tile {text!r}: unknown switch {', '.join(unknown)} "
+                                         f"(TileConfig has {', '.join(sorted(names))})")
+    return TileConfig(*numbers, **dict.fromkeys(switches, True))
 
 
 def _label(tile: TileConfig) -> str:
@@ -89,7 +106,7 @@ def _merge(text: str) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tile", action="append", type=_tile, required=True,
-                    help="MxNxWARPSxSTAGES[xCTAS_PER_SM[xKEYS_MAJOR[xGLUON[xCHUNKED[xMMA_V2]]]]]")
+                    help=TILE_FORM + ": shape, then kernel switches (keys_major, gluon, chunked, mma_v2)")
     ap.add_argument("--emulate", choices=sorted(EMULATIONS), help="time another GPU's kernel path here (sm120)")
     ap.add_argument("--case", action="append", required=True, help="bs,L,H,n")
     ap.add_argument("--fp8", action="store_true", help="fp8_e4m3 KV cache")

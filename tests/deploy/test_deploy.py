@@ -243,6 +243,10 @@ def test_pruning_keeps_current_and_previous_verified(hosts: Hosts):
     st = hosts.state(H2)
     r3 = next(r for r, m in st["releases"].items() if m.get("failed"))
     assert set(st["releases"]) == {r1, r2, r3}  # a failed deploy prunes nothing
+    sequence = {r: json.loads(hosts.sh(H2, f"cat {ROOT}/releases/{r}/manifest.json"))["sequence"] for r in (r1, r2, r3)}
+    assert sequence[r1] < sequence[r2] < sequence[r3], sequence  # the install order, recorded in the manifest
+    # Releases are ordered by that sequence, not by file times: r1's markers made the newest changes nothing.
+    hosts.sh(H2, f"touch -d '+1 hour' {ROOT}/releases/{r1}/.verified {ROOT}/releases/{r1}/.complete")
     # this deploy also takes the API key from the operator's environment, as production does
     key = "test-key-0123456789"
     result = hosts.play("deploy.yml", limit=H2, extra={**keep, "ddtree_ddtree_budget": 8}, env={"DDTREE_API_KEY": key})
@@ -253,6 +257,7 @@ def test_pruning_keeps_current_and_previous_verified(hosts: Hosts):
     r4 = st["current"]
     # 4 releases, keep 2: the failed one goes first, then the oldest verified; r2 stays as the previous verified
     assert set(st["releases"]) == {r2, r4}, (r1, r2, r3, r4, st["releases"])
+    assert json.loads(hosts.sh(H2, f"cat {ROOT}/releases/{r4}/manifest.json"))["sequence"] > sequence[r3]
     assert st["venvs"] == [r4.split("-")[0]]  # r1's venv (the OLD bundle) went with it
     assert hosts.sh(H2, f"ls {ROOT}/shared/bundles") == f"{r4.split('-')[0]}.tar"
     assert "--speculative-ddtree-budget 8" in " ".join(st["info"]["server_args"])

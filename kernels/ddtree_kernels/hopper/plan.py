@@ -64,7 +64,7 @@ def split_reserve(plan: VerifyPlan) -> int:
     SMs for a few key tiles' time, so the prefix programs launched last, as many as it has programs, wait
     that long for an SM, and with every split as long as the others the call waits for them. They get
     `late_keys` keys fewer each (`prefix_hopper._program_work`). Where the warp-specialized tile runs with
-    PDL, at most 1/8 of the splits (else 0). Timings: the tuning log, sessions 13 and 15."""
+    PDL, at most 1/8 of the splits (else 0)."""
     tree_programs = plan.row_blocks(plan.config.tree.block_m) * plan.batch_size
     late = math.ceil(tree_programs / plan.prefix_launches()[0][2])  # the prefix programs of a split: its row blocks
     return late if plan.pdl and plan.tail_partition and late * 8 <= plan.num_splits else 0

@@ -30,7 +30,7 @@ out of the compiler's hands:
   or its transpose, from the 8-bit stage into registers and widens it there: no 16-bit tile in
   shared memory, so two programs share an SM. The values' operand is read with matrix loads
   (`_value_pairs`) as soon as the scores are in, so the stage takes the tile after next while the
-  softmax and the values run. (Timings of each choice: the tuning log, sessions 6-16.)
+  softmax and the values run.
 
 Same grid and partial outputs as `prefix_split_kernel` (merge.py combines them), for a
 bf16/fp16/fp8 cache whose values are the keys' first D_V columns, D_V = 512 and D_R = 64

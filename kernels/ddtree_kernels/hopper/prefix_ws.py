@@ -20,8 +20,7 @@ partitions (`gl.warp_specialize`) that hand the shared key stages over through m
 Why one scorer: the tile is bound by shared-memory reads (wgmma reads both operands of these
 shapes from shared memory; Nsight Compute put L1/TEX at 66% with the tensor pipe at 35%). Two
 warpgroups that each score half the keys each read all 64 rows of queries, 147 KB a tile; one that
-scores all the keys reads them once, and a row's maxima stay in one warp. (Timings against the
-two-warpgroup block: the tuning log, sessions 11 and 15.)
+scores all the keys reads them once, and a row's maxima stay in one warp.
 
 Each partition writes its own part: the scorer its half of the block's columns and the LSEs, the
 value partition the other half (normalised with the scorer's factors, `final`), each staged in a
