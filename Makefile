@@ -35,11 +35,13 @@ lint: setup  ## ruff, and ansible-lint --profile production on playbooks/, roles
 # The DDTree branch snapshots the patch and deploy tests build (the team's ../shared/sglang-src).
 TEST_SNAPSHOTS := $(or $(DDTREE_SGLANG_SNAPSHOTS),../shared/sglang-src)
 
+# Whole files to a worker, in collection order: tests/deploy/test_deploy.py (the longest, ~22 min) goes
+# first to a worker of its own while the other takes the rest, so the run takes about that file's time.
 test: setup lint  ## lint + every test that runs without a GPU (pytest exit 5, nothing collected, fails)
 	@ls $(TEST_SNAPSHOTS)/sglang-ddtree-*.tar.gz >/dev/null 2>&1 || { echo "no DDTree snapshots \
 	(sglang-ddtree-*.tar.gz) in $(TEST_SNAPSHOTS): the patch and deploy tests build them. Clone next to the \
 	team's shared/ folder, or set DDTREE_SGLANG_SNAPSHOTS=DIR"; exit 2; }
-	@$(BIN)/pytest -m "not gpu" -n 2 --dist loadfile $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/pytest -m "not gpu" -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 GPU_PYTHON ?= python3
