@@ -108,12 +108,9 @@ def make_models() -> dict[str, Path]:
 
 def production_launch() -> tuple[str, list[str], dict[str, str]]:
     """The role's rendered launch (module, argument vector) and env file (playbooks/server-args.yml,
-    inventory/production); `server-args.json` is what carries made before launch.json existed."""
-    if (LAUNCH / "launch.json").exists():
-        launch = json.loads((LAUNCH / "launch.json").read_text())
-        module, argv = launch["module"], launch["argv"]
-    else:
-        module, argv = "sglang.launch_server", json.loads((LAUNCH / "server-args.json").read_text())
+    inventory/production)."""
+    launch = json.loads((LAUNCH / "launch.json").read_text())
+    module, argv = launch["module"], launch["argv"]
     env = {}
     for line in (LAUNCH / "sglang.env").read_text().splitlines():
         if line and not line.startswith("#") and "=" in line:
