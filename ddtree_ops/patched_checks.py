@@ -220,6 +220,7 @@ def _triton_stand_in(new_layout: bool, max_context_len: int = 1000, num_draft_to
     class TritonAttnBackend:
         def __init__(self, model_runner):
             self.model_runner = model_runner
+            self.device = "cpu"
             self.max_context_len = max_context_len
             self.num_draft_tokens = num_draft_tokens
             self.use_verify_splitkv = False
@@ -262,7 +263,8 @@ def routing_checks(tree: SglangTree) -> list[CheckResult]:
             b = create(runner)
         assert type(b).__name__ == OUR_BACKEND and isinstance(b, base), type(b)
         assert b.use_verify_splitkv is True and b.use_verify_shared_kv is False
-        hook = getattr(b.verify_splitkv_fwd, "__wrapped__", b.verify_splitkv_fwd)
+        assert b.verify_splitkv_fwd.__func__ is type(b)._ddtree_verify, b.verify_splitkv_fwd
+        hook = getattr(type(b).ddtree_verify_hook, "__wrapped__", type(b).ddtree_verify_hook)
         assert hook is ddtree_kernels.sglang_verify_fwd, hook
         return "TARGET_VERIFY -> ddtree_kernels.sglang_verify_fwd"
 
@@ -326,7 +328,7 @@ def contract_checks(tree: SglangTree) -> list[CheckResult]:
                 n_args = len(node.args)
     results.append(CheckResult("contract: forward_extend calls the verify hook with 16 positional arguments",
                                n_args == 16, f"{n_args} positional arguments"))
-    for attr in ("use_verify_splitkv", "verify_splitkv_fwd", "max_context_len", "num_draft_tokens"):
+    for attr in ("use_verify_splitkv", "verify_splitkv_fwd", "max_context_len", "num_draft_tokens", "device"):
         results.append(CheckResult(f"contract: TritonAttnBackend sets self.{attr}", f"self.{attr} =" in source))
     if _uses_verify_mask_struct(tree):
         sizing = (tree.package / "srt/layers/attention/verify_mask.py").read_text()
@@ -355,14 +357,32 @@ def ddtree_checks(tree: SglangTree) -> list[CheckResult]:
                      {"dataclass": dataclasses.dataclass, "Any": object})
         resolve = ns["resolve_ddtree_target_backend_capability"]
 
+        compact = "ddtree_verify_takes_visibility" in (tree.package / DDTREE_UTILS).read_text()
+
         def ddtree_feeds_our_backend():
-            # DDTree picks how to feed a backend by its module's name: ours must read as a Triton backend.
+            # DDTree picks how to feed a backend by its module's name: ours must read as a Triton backend;
+            # with 0004 it asks the backend first, and ours takes the compact visibility (no flat mask).
             backend = object.__new__(ddtree_backend_class(_triton_stand_in(False)))
             cap = resolve(backend)
-            assert cap.supports_full_tree and cap.build_attention_mask, cap
-            return f"{cap.backend_name}: the tree mask"
+            assert cap.supports_full_tree, cap
+            if compact:
+                assert cap.use_visibility and not cap.build_attention_mask, cap
+                return f"{cap.backend_name}: the compact visibility (0004)"
+            assert cap.build_attention_mask and not cap.use_visibility, cap
+            return f"{cap.backend_name}: the flat tree mask"
 
-        results += run_checks([("ddtree: full-tree verify accepts our backend", ddtree_feeds_our_backend)], {})
+        def others_fed_as_before():
+            # 0004 changes nothing for SGLang's own backends: its Triton and FlashAttention keep their feed.
+            triton = resolve(named_backend("TritonAttnBackend", __module__="x.triton_backend"))
+            fa = resolve(named_backend("FlashAttentionBackend", __module__="x.flashattention_backend"))
+            assert triton.build_attention_mask and not triton.use_visibility, triton
+            assert fa.use_visibility and not fa.build_attention_mask, fa
+            return "triton: the flat mask; flashattention: the visibility"
+
+        results += run_checks([("ddtree: full-tree verify accepts our backend", ddtree_feeds_our_backend),
+                               ("ddtree: other backends fed as before", others_fed_as_before)], {})
+        if compact:
+            results += _compact_feed_contract(tree)
     if (tree.package / DDTREE_WORKER_V2).is_file():
         fn = next(n for n in ast.walk(_module_ast(tree.package / DDTREE_WORKER_V2))
                   if isinstance(n, ast.FunctionDef) and n.name == "forward_batch_generation")
@@ -371,6 +391,24 @@ def ddtree_checks(tree: SglangTree) -> list[CheckResult]:
         results.append(CheckResult("ddtree v2: the accepted path is no wider than the verified tree (0003)",
                                    widths == ["min(int(self.block_size), q_len)"], "; ".join(widths)))
     return results
+
+
+def _compact_feed_contract(tree: SglangTree) -> list[CheckResult]:
+    """What our backend relies on when fed the visibility: the graph hook it overrides, and SGLang's fallback
+    reading forward_metadata.custom_mask after the verify hook declines (the backend writes it then)."""
+    cls = next(n for n in _module_ast(tree.package / TRITON_BACKEND).body
+               if isinstance(n, ast.ClassDef) and n.name == "TritonAttnBackend")
+    methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+    out_graph = methods.get("init_forward_metadata_out_graph")
+    params = [a.arg for a in out_graph.args.args] if out_graph else []
+    fallback = [ast.unparse(a) for node in ast.walk(methods["forward_extend"]) if isinstance(node, ast.Call)
+                and ast.unparse(node.func) == "self.extend_attention_fwd" for a in node.args]
+    return [
+        CheckResult("contract: init_forward_metadata_out_graph(self, forward_batch, in_capture)",
+                    params == ["self", "forward_batch", "in_capture"], str(params)),
+        CheckResult("contract: SGLang's fallback reads self.forward_metadata.custom_mask after the hook",
+                    "self.forward_metadata.custom_mask" in fallback, ", ".join(fallback[9:10])),
+    ]
 
 
 def all_checks(tree: SglangTree) -> list[CheckResult]:

@@ -15,7 +15,7 @@ from .inputs import tensor_problem
 from .interpreter import interpreting
 from .launcher import cache_layout, plan_verify, run_verify, shared_workspace
 from .sglang.verify_stats import STATS
-from .tree import MASK_CHAIN, MASK_FULL, MASK_SGLANG_FLAT
+from .tree import MASK_CHAIN, MASK_COMPACT, MASK_FULL, MASK_SGLANG_FLAT
 
 # Keyword arguments SGLang may pass that do not change what the kernel must compute,
 # with the values under which that holds.
@@ -98,16 +98,22 @@ def sglang_verify_fwd(
     window_kv_offsets: torch.Tensor | None = None,
     xai_temperature_len: int = -1,
     max_bs: int | None = None,
+    tree_visibility: torch.Tensor | None = None,
     **kwargs,
 ) -> bool:
-    """Write o_extend and return True, or return False (nothing written) to let SGLang fall back."""
+    """Write o_extend and return True, or return False (nothing written) to let SGLang fall back.
+
+    tree_visibility: the tree as compact rows ([T, stride], uint8 or bool), given by a DDTree server
+    that builds no flat mask (patch 0004); it replaces custom_mask.
+    """
     reason = unsupported_reason(
         q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
         custom_mask, is_causal, mask_indptr, max_len_extend,
         logit_cap=logit_cap, sliding_window_size=sliding_window_size, sinks=sinks,
         window_kv_offsets=window_kv_offsets, xai_temperature_len=xai_temperature_len, **kwargs,
     )
-    STATS.record(reason, _shape_key(q_extend, o_extend, k_buffer, custom_mask))
+    STATS.record(reason, _shape_key(q_extend, o_extend, k_buffer,
+                                    custom_mask if tree_visibility is None else tree_visibility))
     if reason is not None:
         return False
     T, H, d_qk = q_extend.shape
@@ -118,7 +124,11 @@ def sglang_verify_fwd(
     kv_fp8, v_from_k = cache_layout(k_buffer, v_buffer)
     plan = plan_verify(bs, H, max_len_extend, T, q_extend.device, d_v=d_v, d_rope=d_qk - d_v,
                        kv_fp8=kv_fp8, v_from_k=v_from_k)
-    if custom_mask is not None:
+    row_stride = 0
+    if tree_visibility is not None:
+        mode, row_stride = MASK_COMPACT, tree_visibility.stride(0)
+        mask = tree_visibility.view(torch.uint8) if tree_visibility.dtype == torch.bool else tree_visibility
+    elif custom_mask is not None:
         mode = MASK_SGLANG_FLAT
         mask = custom_mask.view(torch.uint8) if custom_mask.dtype == torch.bool else custom_mask
     else:
@@ -127,7 +137,7 @@ def sglang_verify_fwd(
     run_verify(
         plan, shared_workspace(plan, q_extend.device),
         q_extend, k_buffer, v_buffer, kv_indptr, kv_indices, k_extend, v_extend, qo_indptr, o_extend,
-        mask_mode=mode, mask=mask, mask_indptr=mask_indptr, mask_row_stride=0,
+        mask_mode=mode, mask=mask, mask_indptr=mask_indptr, mask_row_stride=row_stride,
         sm_scale=sm_scale if sm_scale is not None else d_qk ** -0.5,
         k_scale=k_scale, v_scale=v_scale, lse_out=lse_extend,
     )

@@ -56,7 +56,7 @@ def test_first_deploy_on_two_hosts(hosts: Hosts):
         st = _deployed(hosts, host, OLD)
         info = st["info"]
         # the real SGLang wheel in the release venv was patched by the patch tool, the whole ddtree-v2 series
-        assert [p["name"][:4] for p in info["ddtree_patches"]["patches"]] == ["0001", "0002", "0003"]
+        assert [p["name"][:4] for p in info["ddtree_patches"]["patches"]] == ["0001", "0002", "0003", "0004"]
         assert info["ddtree_patches"]["sglang_version"] == hosts.version(OLD)
         assert info["ddtree_patches"]["series"] == "ddtree-v2"  # found by its sources, no version flag
         args = " ".join(info["server_args"])

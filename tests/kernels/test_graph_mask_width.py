@@ -21,6 +21,7 @@ BLOCK = 16  # --speculative-num-draft-tokens (the DFlash block)
 
 class _DDTreeBranchTriton:
     def __init__(self, model_runner):
+        self.device = "cpu"
         self.max_context_len = MAX_CONTEXT
         self.num_draft_tokens = model_runner.server_args.speculative_num_draft_tokens
         self.cuda_graph_custom_mask = None

@@ -14,9 +14,11 @@ from .conftest import tree_hashes
 
 SNAPSHOTS = [s for s in load_sources() if s.snapshot]
 PATCHED = {"python/sglang/srt/speculative/dflash_utils.py", "python/sglang/srt/layers/attention/attention_registry.py"}
-# What each branch gets, found from its sources: ddtree-v2's worker also takes 0003 (its accept path).
+# What each branch gets, found from its sources: ddtree-v2's worker also takes 0003 (its accept path)
+# and 0004 (our backend fed the compact tree visibility).
 EXPECTED = {
-    "ddtree-v2": ("ddtree-v2", PATCHED | {"python/sglang/srt/speculative/ddtree_worker_v2.py"}),
+    "ddtree-v2": ("ddtree-v2", PATCHED | {"python/sglang/srt/speculative/ddtree_worker_v2.py",
+                                          "python/sglang/srt/speculative/ddtree_utils.py"}),
     "ddtree": ("ddtree-branches", PATCHED),
 }
 

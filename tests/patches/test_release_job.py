@@ -18,7 +18,7 @@ def test_fixed_set_is_supported(tmp_path, capsys):
     assert [r["supported"] for r in data["rows"]] == [True] * len(RELEASES)
     md = (tmp_path / "matrix.md").read_text()
     for v in RELEASES:
-        assert f"| {v} | sglang-0.5.14+ | applies | applies | 17/17 | supported |" in md
+        assert f"| {v} | sglang-0.5.14+ | applies | applies | 18/18 | supported |" in md
     assert "[5/5] sglang 0.5.23 ... supported" in capsys.readouterr().out
 
 

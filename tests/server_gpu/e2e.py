@@ -129,12 +129,30 @@ def replace_args(argv: list[str], values: dict[str, str]) -> list[str]:
     return out
 
 
+def plain_args(argv: list[str]) -> list[str]:
+    """The launch without speculative decoding (and without CUDA graphs: it only prefills), which SGLang lets
+    return log-probabilities (DDTree refuses return_logprob)."""
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg.startswith("--speculative-"):
+            skip = "=" not in arg and i + 1 < len(argv) and not argv[i + 1].startswith("--")
+            continue
+        out.append(arg)
+    return [*out, "--disable-cuda-graph"]
+
+
 class Server:
-    def __init__(self, kernel: str, models: dict[str, Path], run_dir: Path, port: int = 30000):
+    def __init__(self, kernel: str, models: dict[str, Path], run_dir: Path, port: int = 30000,
+                 speculative: bool = True):
         module, argv, env = production_launch()
         self.argv = replace_args(argv, {"--model-path": str(models["view"]),
                                         "--speculative-draft-model-path": str(models["drafter"]),
                                         "--tp": "1", "--port": str(port)})
+        if not speculative:
+            self.argv = plain_args(self.argv)
         self.url = f"http://127.0.0.1:{port}"
         self.stats = run_dir / "verify-stats"
         self.stats.mkdir(parents=True, exist_ok=True)
@@ -261,6 +279,51 @@ def profile(url: str, context: int, out_dir: Path, steps: int) -> dict:
     return {"context": context, "steps": steps, "trace": traces[-1], "seconds": time.monotonic() - t0}
 
 
+def first_differences(out: Path) -> dict[str, int]:
+    """Per context, the first index where the two servers' greedy tokens differ (tokens.json of each run)."""
+    paths = [out / kernel / "tokens.json" for kernel in ("ddtree", "sglang")]
+    if not all(p.exists() for p in paths):
+        return {}
+    ours, theirs = (json.loads(p.read_text()) for p in paths)
+    diffs = {}
+    for ctx in set(ours) & set(theirs):
+        first = next((i for i, (a, b) in enumerate(zip(ours[ctx], theirs[ctx], strict=False)) if a != b), None)
+        if first is not None:
+            diffs[ctx] = first
+    return diffs
+
+
+def tie_check(models: dict[str, Path], out: Path, deadline: float) -> dict:
+    """Where the two servers' greedy tokens part, the target's top-2 log-probabilities there from a third
+    computation: the same model served without speculative decoding (SGLang's prefill attention, no verify),
+    teacher-forced on our tokens. report.py applies the near-tie rule to what is recorded here."""
+    diffs = first_differences(out)
+    result: dict = {"first_differences": diffs, "positions": {}}
+    if not diffs:
+        return result
+    run_dir = out / "plain"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    server = Server("ddtree", models, run_dir, speculative=False)
+    result["argv"] = server.argv
+    try:
+        result["start_s"] = server.start(min(300, deadline - time.monotonic()))
+        ours = json.loads((out / "ddtree" / "tokens.json").read_text())
+        for ctx, first in sorted(diffs.items(), key=lambda kv: int(kv[0])):
+            prompt = bench_prompt(int(ctx))
+            body = {"input_ids": prompt + ours[ctx][: first + 1], "return_logprob": True,
+                    "logprob_start_len": len(prompt) - 1, "top_logprobs_num": 2,
+                    "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+            meta = requests.post(server.url + "/generate", json=body, timeout=900).json()["meta_info"]
+            result["positions"][ctx] = {"prompt_len": len(prompt), "logprob_start_len": len(prompt) - 1,
+                                        "input_token_logprobs": meta["input_token_logprobs"],
+                                        "input_top_logprobs": meta["input_top_logprobs"]}
+            log(f"tie check {ctx}: first difference at {first}")
+    finally:
+        server.stop()
+        (run_dir / "ties.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
 def run_kernel(kernel: str, models: dict[str, Path], out: Path, deadline: float, args) -> dict:
     run_dir = out / kernel
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -340,7 +403,7 @@ def pack(out: Path, dest: Path, kernels: list[str]) -> None:
     with tarfile.open(dest / "runs.tar.gz", "w:gz") as tf:
         if (out / "summary.json").exists():
             tf.add(out / "summary.json", arcname="summary.json")
-        for k in kernels:
+        for k in [*kernels, "plain"]:
             if (out / k).exists():
                 tf.add(out / k, arcname=k, filter=lambda ti: None if ti.name.endswith(".trace.json.gz") else ti)
     for k in kernels:
@@ -365,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--same-tokens", type=int, default=48)
     ap.add_argument("--profile-steps", type=int, default=8)
     ap.add_argument("--record-answers", default="ddtree", help="the kernel whose server's answers are recorded")
+    ap.add_argument("--no-tie-check", dest="tie_check", action="store_false",
+                    help="skip the near-tie check where the two servers' greedy tokens part (a third server start)")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     deadline = t0 + args.budget_s
@@ -379,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
             summary["kernels"][kernel] = run_kernel(kernel, models, args.out, deadline, args)
             if args.pack:  # after each kernel: a call cut short still returns what ran
                 pack(args.out, args.pack, kernels)
+        if args.tie_check and time.monotonic() < deadline - 120:
+            summary["ties"] = tie_check(models, args.out, deadline)
     except Exception as exc:
         summary["error"] = f"{type(exc).__name__}: {exc}"
         log(f"FAILED: {exc}\n{traceback.format_exc()[-3000:]}")

@@ -10,7 +10,9 @@ SGLang release without importing it here.
 This module's name ends in `triton_backend` on purpose: DDTree's worker decides how to feed a
 verify backend from its module name (`resolve_ddtree_target_backend_capability`, ddtree_utils.py:
 `module.endswith("triton_backend")` gets the flat tree mask); under any other name a DDTree server
-refuses the backend at its first decode step.
+refuses the backend at its first decode step. With patch 0004 the worker asks the backend first
+(`ddtree_verify_takes_visibility`) and feeds ours the tree's compact visibility instead: no flat
+mask is built or copied, and a verify step's inputs no longer grow with the context.
 """
 
 from __future__ import annotations
@@ -51,32 +53,124 @@ def verify_width(server_args) -> int:
     return width
 
 
+def ddtree_feeds_visibility(backend) -> bool:
+    """Whether the installed DDTree worker hands this backend the compact tree visibility (patch 0004).
+
+    Asked of DDTree's own `resolve_ddtree_target_backend_capability`, the function the worker calls
+    each step, so the backend and the worker cannot disagree. False where SGLang has no DDTree."""
+    try:
+        from sglang.srt.speculative.ddtree_utils import resolve_ddtree_target_backend_capability
+    except ImportError:
+        return False
+    return bool(resolve_ddtree_target_backend_capability(backend).use_visibility)
+
+
+def _verify_rows(spec_info) -> tuple | None:
+    """(visibility [bs, n, n], n) of a DDTree verify fed without the flat mask; None otherwise."""
+    visibility = getattr(spec_info, "visibility", None)
+    if visibility is None or getattr(spec_info, "draft_token_num", None) is None:
+        return None
+    return visibility, int(spec_info.draft_token_num)
+
+
 def ddtree_backend_class(base: type) -> type:
     """Subclass `base` (SGLang's TritonAttnBackend) with the verify hook set to our kernel."""
+    import inspect
+
     import torch
 
+    from ..flat_mask import write_sglang_flat_mask
     from ..sglang_adapter import sglang_verify_fwd
 
     hook = torch.compiler.disable(sglang_verify_fwd)  # as SGLang wraps its own verify kernels
+    hook_args = inspect.signature(sglang_verify_fwd)
 
     class DDTreeTritonAttnBackend(base):  # name checked by the mask policy
+        # Read by DDTree's worker (patch 0004): feed this backend the tree's compact visibility, not the
+        # flat [n, P + n] mask, which costs O(context) bytes a request every step and of which our
+        # kernel reads only the tree columns.
+        ddtree_verify_takes_visibility = True
+        ddtree_verify_hook = hook
+
         def __init__(self, model_runner, *args, **kwargs):
             super().__init__(model_runner, *args, **kwargs)
             self.ddtree_verify_width = verify_width(model_runner.server_args)
             _announce_plan(self, model_runner)
             self.use_verify_splitkv = True
             self.use_verify_shared_kv = False  # 0.5.18+: prefer our hook over the chain-only kernel
-            self.verify_splitkv_fwd = hook
+            self.verify_splitkv_fwd = self._ddtree_verify
+            self._tree_rows = None  # the verify in flight's tree as [T, stride] uint8 rows, or None
+            self._graph_tree_rows = None
+            self._graph_feeds_visibility = False  # set at capture: replays feed the captured rows
 
         def init_cuda_graph_state(self, max_bs, max_num_tokens, *args, **kwargs):
             super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
             # SGLang sizes the captured mask max_num_tokens * max_context_len (0.5.14-0.5.17 and the
             # DDTree branches); a tree verify at full context needs its width more columns per row.
             # (0.5.18+ releases keep it in a VerifyMask already sized n * (context + n) per request.)
+            # With the compact visibility only a declined call writes it (see _ddtree_verify).
             mask = getattr(self, "cuda_graph_custom_mask", None)
             need = _verify_mask_capacity(max_num_tokens, int(self.max_context_len), self.ddtree_verify_width)
             if mask is not None and mask.numel() < need:
                 self.cuda_graph_custom_mask = mask.new_zeros(need)
+            width = max(1, self.ddtree_verify_width)
+            self._graph_tree_rows = torch.zeros((max_num_tokens, width), dtype=torch.uint8, device=self.device)
+
+        def init_forward_metadata(self, forward_batch):
+            super().init_forward_metadata(forward_batch)
+            self._tree_rows = None
+            rows = _verify_rows(forward_batch.spec_info) if forward_batch.forward_mode.is_target_verify() else None
+            if rows is not None and getattr(forward_batch.spec_info, "custom_mask", None) is None:
+                visibility, n = rows
+                self._tree_rows = visibility[:, :n, :n].reshape(-1, n).view(torch.uint8)
+
+        def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+            super().init_forward_metadata_out_graph(forward_batch, in_capture)
+            if not forward_batch.forward_mode.is_target_verify():
+                return
+            rows = _verify_rows(forward_batch.spec_info)
+            if in_capture:
+                # A DDTree target's verify carries the tree; a DFlash drafter's TARGET_VERIFY-mode pass does not.
+                self._graph_feeds_visibility = rows is not None and ddtree_feeds_visibility(self)
+                if not self._graph_feeds_visibility:
+                    self._tree_rows = None
+                    return
+            elif not self._graph_feeds_visibility:
+                return
+            elif rows is None:
+                raise RuntimeError("ddtree-sm120: a DDTree verify graph was captured for the tree's visibility, "
+                                   "but this replay's verify input has none (spec_info.visibility is None)")
+            # Captured kernels read a fixed buffer: request r's token i is row r * n + i, stride = width.
+            visibility, n = rows
+            bs = forward_batch.batch_size
+            width = self._graph_tree_rows.shape[1]
+            live = min(bs, visibility.shape[0])
+            view = self._graph_tree_rows[: bs * n].view(bs, n, width)
+            view[:live, :, :n].copy_(visibility[:live, :n, :n])
+            self._tree_rows = self._graph_tree_rows[: bs * n]
+
+        def _ddtree_verify(self, *args, **kwargs):
+            tree_rows = self._tree_rows
+            if hook(*args, tree_visibility=tree_rows, **kwargs):
+                return True
+            if tree_rows is not None:
+                # SGLang's own path runs next and reads the flat mask (forward_metadata.custom_mask,
+                # read after this returns): write it from the tree.
+                call = hook_args.bind(*args, **kwargs).arguments
+                self.forward_metadata.custom_mask = write_sglang_flat_mask(
+                    tree_rows, call["qo_indptr"], call["kv_indptr"], call["mask_indptr"],
+                    self._flat_mask_for(call["mask_indptr"]), int(call["max_len_extend"]))
+            return False
+
+        def _flat_mask_for(self, mask_indptr):
+            """The captured graph's mask buffer, or (eager) one sized from mask_indptr's end."""
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                return self.cuda_graph_custom_mask
+            need = int(mask_indptr[-1])
+            current = self.forward_metadata.custom_mask
+            if current is not None and current.numel() >= need:
+                return current
+            return torch.empty(need, dtype=torch.bool, device=mask_indptr.device)
 
     DDTreeTritonAttnBackend.__qualname__ = DDTREE_BACKEND_NAME
     return DDTreeTritonAttnBackend
