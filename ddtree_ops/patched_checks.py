@@ -384,6 +384,15 @@ def ddtree_checks(tree: SglangTree) -> list[CheckResult]:
         if compact:
             results += _compact_feed_contract(tree)
     if (tree.package / DDTREE_WORKER_V2).is_file():
+        from ddtree_kernels.sglang.triton_backend import KV_FILL_BODY, kv_fill_statements
+
+        cls = next(n for n in _module_ast(tree.package / TRITON_BACKEND).body
+                   if isinstance(n, ast.ClassDef) and n.name == "TritonAttnBackend")
+        fill = next((n for n in cls.body if isinstance(n, ast.FunctionDef)
+                     and n.name == "_fill_kv_indptr_and_indices"), None)
+        body = kv_fill_statements(fill) if fill else None
+        results.append(CheckResult("ddtree v2: our backend takes over the KV index fill (same statements as SGLang's)",
+                                   body == KV_FILL_BODY, "; ".join(body or ["no such method"])[:300]))
         fn = next(n for n in ast.walk(_module_ast(tree.package / DDTREE_WORKER_V2))
                   if isinstance(n, ast.FunctionDef) and n.name == "forward_batch_generation")
         widths = [ast.unparse(n.value) for n in ast.walk(fn) if isinstance(n, ast.Assign)

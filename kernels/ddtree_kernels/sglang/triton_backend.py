@@ -172,8 +172,61 @@ def ddtree_backend_class(base: type) -> type:
                 return current
             return torch.empty(need, dtype=torch.bool, device=mask_indptr.device)
 
+    if takes_kv_fill(base):
+        DDTreeTritonAttnBackend._fill_kv_indptr_and_indices = _fill_kv_indptr_and_indices
     DDTreeTritonAttnBackend.__qualname__ = DDTREE_BACKEND_NAME
     return DDTreeTritonAttnBackend
+
+
+# The body of SGLang's `_fill_kv_indptr_and_indices` that ours replaces (0.5.14-0.5.20 and the DDTree branches);
+# 0.5.21+ fill the list through a KV index translator and keep their own.
+KV_FILL_BODY = [
+    "kv_indptr = self.kv_indptr[:bs + 1]",
+    "kv_indptr[1:] = torch.cumsum(seq_lens, dim=0)",
+    "create_flashinfer_kv_indices_triton[bs,](self.req_to_token, req_pool_indices, seq_lens, kv_indptr, None, "
+    "kv_indices, self.req_to_token.stride(0))",
+    "return kv_indptr",
+]
+
+
+def kv_fill_statements(fn) -> list[str] | None:
+    """A `_fill_kv_indptr_and_indices` definition (ast.FunctionDef) as statements, or None for another signature."""
+    import ast
+
+    if [a.arg for a in fn.args.args] != ["self", "bs", "seq_lens", "req_pool_indices", "kv_indices"]:
+        return None
+    body = fn.body[1:] if isinstance(fn.body[0], ast.Expr) and isinstance(fn.body[0].value, ast.Constant) else fn.body
+    return [ast.unparse(stmt) for stmt in body]
+
+
+def kv_fill_body(base: type) -> list[str] | None:
+    """The statements of `base._fill_kv_indptr_and_indices`, or None (another signature, no source)."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        fn = ast.parse(textwrap.dedent(inspect.getsource(base._fill_kv_indptr_and_indices))).body[0]
+    except (AttributeError, TypeError, OSError, SyntaxError):
+        return None
+    return kv_fill_statements(fn)
+
+
+def takes_kv_fill(base: type) -> bool:
+    """Whether `base` builds the KV index list exactly as the method ours replaces does."""
+    return kv_fill_body(base) == KV_FILL_BODY
+
+
+def _fill_kv_indptr_and_indices(self, bs, seq_lens, req_pool_indices, kv_indices):
+    """SGLang's method, same result, with the index copy spread over many programs a request (kv_indices.py)."""
+    import torch
+
+    from ..kv_indices import fill_kv_indices
+
+    kv_indptr = self.kv_indptr[: bs + 1]
+    kv_indptr[1:] = torch.cumsum(seq_lens, dim=0)
+    fill_kv_indices(self.req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices, bs=bs)
+    return kv_indptr
 
 
 _described: set[tuple] = set()
