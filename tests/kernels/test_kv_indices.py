@@ -66,7 +66,7 @@ def _problem(lengths: list[int], pool: int = 6, width: int = 140_100):
 
 def test_fill_matches_the_rows_across_every_pass():
     # 140,000 tokens: past PROGRAMS * BLOCK, so each program takes a second pass; 0 and 1 at the edges.
-    assert 140_000 > PROGRAMS * BLOCK
+    assert PROGRAMS * BLOCK < 140_000
     (req_to_token, pools, lens, indptr), expected = _problem([5, 140_000, 0, 1, 1500])
     out = torch.full((expected.numel() + 9,), -1, dtype=torch.int64, device=DEVICE)
     fill_kv_indices(req_to_token, pools, lens, indptr, out)

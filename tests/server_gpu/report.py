@@ -113,7 +113,7 @@ def rows(run: dict) -> list[dict]:
     return sorted(out, key=lambda r: (r["kernel"], r["context"]))
 
 
-def report(run_dir: Path, commit: str) -> dict:
+def report(run_dir: Path, commit: str, note: str | None = None) -> dict:
     run = load_run(run_dir)
     ours = run["ddtree"]["result"]
     stats = ours.get("verify_stats") or []
@@ -121,6 +121,7 @@ def report(run_dir: Path, commit: str) -> dict:
     ties = near_ties(run_dir, {k: v["tokens"] for k, v in run.items()}, detail)
     return {
         "commit": commit,
+        **({"note": note} if note else {}),
         "gpu": "NVIDIA H200 (sm_90; our kernel's native Hopper path), torch 2.11.0+cu130, Triton 3.6.0",
         "server_args": ours["argv"],
         "verify_served": sum(int(s.get("served", 0)) for s in stats),
@@ -189,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commit", required=True, help="the commit whose tree the GPU run ran")
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("results"))
     ap.add_argument("--name", default="server-e2e-h200")
+    ap.add_argument("--note", default=None, help="provenance, where RUN_DIR joins runs of more than one call")
     args = ap.parse_args(argv)
-    data = report(args.run_dir, args.commit)
+    data = report(args.run_dir, args.commit, args.note)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(data, indent=1) + "\n")
     plot(data, args.out / f"{args.name}.png")
