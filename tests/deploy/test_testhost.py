@@ -67,6 +67,26 @@ def test_runs_take_their_own_slots_and_the_inventory_follows(tmp_path, monkeypat
                                  capture_output=True, text=True, timeout=30, env={**os.environ, "HOME": str(tmp_path)})
             assert ssh.stdout.strip() == "ct-test-1", ssh.stderr
     finally:
+        ours = {h.netns: _netns_pids(h.netns) for _, hosts in made for h in hosts}
         for workdir, hosts in made:
             testhost.down(workdir, hosts)
-    assert not {a.netns, b.netns} & set(testhost._namespaces())
+    # Gone with everything in them. A name still listed can only be another run's (a concurrent test run may take
+    # the freed slot at once): then nothing of ours runs in it.
+    assert all(ours.values()), ours  # each host's sshd ran in its namespace
+    listed = set(testhost._namespaces())
+    for ns, pids in ours.items():
+        assert not any(_running(pid) for pid in pids), (ns, pids)
+        assert ns not in listed or not pids & _netns_pids(ns), ns
+
+
+def _running(pid: str) -> bool:
+    """Alive and not a zombie (a killed child of this process stays listed until reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _netns_pids(name: str) -> set[str]:
+    return set(subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split())

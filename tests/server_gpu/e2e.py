@@ -13,7 +13,9 @@ On a CUDA machine, from what `make gpu-carry` packed into `.gpu/` on a machine w
    port and this machine's folders replaced; CUDA graphs on (the default);
 4. against it: the real answers the stand-in server is checked against (`answers.json`), `ddtree-ops
    smoke` (`--verify-stats` for our kernel), greedy tokens at 8k and 128k for the same-token check,
-   `ddtree-ops bench` at 8k-185k, and SGLang's torch profiler over a few decode steps at 8k and 185k.
+   `ddtree-ops bench` at 8k-185k, and SGLang's torch profiler over a few decode steps at 8k and 185k;
+5. where the two servers' greedy tokens part, the tie check (`tie_check`): the same model served without
+   speculative decoding gives its top-2 log-probabilities there (report.py applies the near-tie rule).
 Everything lands in DIR/<kernel>/; `python -m tests.server_gpu.report` turns the runs into
 `server-e2e-h200.json` and its plot. A stage that fails is recorded and the run goes on where it can;
 the exit status is non-zero if anything failed.

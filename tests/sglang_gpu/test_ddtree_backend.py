@@ -151,6 +151,29 @@ def test_eager_verify_is_served_by_our_kernel_and_matches(sg, stats, name):
     _close_to_sglang(ours, theirs, reference, 2e-2, fp8=layout.kv_dtype == FP8)
 
 
+def test_eager_verify_fed_the_visibility_is_served_and_a_declined_call_gets_the_flat_mask(sg, stats):
+    """Patch 0004: DDTree hands our backend the tree's [bs, n, n] visibility and no flat mask. Our kernel serves
+    it; a call it declines (logit soft-capping) gets the flat mask written, equal to DDTree's own compiler's."""
+    layout, prefix_lens, n = CASES["glm5-bf16-n9"]
+    run = runner(sg, layout, DEVICE)
+    case = Verify(sg, run, layout, prefix_lens, n, seed=11)
+    flat = case.spec.custom_mask
+    case.spec.visibility = case.visibility.view(len(prefix_lens), n, n).to(DEVICE)
+    case.spec.custom_mask = None
+    ours = _eager(make_backend(sg, run, "ddtree"), case, _layer(sg, layout.heads))
+    assert stats.served == 1 and stats.declined == {}, (stats.served, stats.declined)
+    _close(ours, case.reference(), 2e-2)
+
+    backend = make_backend(sg, run, "ddtree")
+    capped = sg.RadixAttention(layout.heads, 576, SCALE, 1, layer_id=0, v_head_dim=512, logit_cap=30.0)
+    backend.init_forward_metadata(case.batch())
+    assert backend.forward_metadata.custom_mask is None
+    # SGLang's own kernel then runs (its output is not checked: under the interpreter its bf16 dots are wrong)
+    backend.forward_extend(case.q, case.k, case.v, capped, case.batch(), save_kv_cache=True)
+    assert "logit soft-capping" in str(stats.declined)
+    assert torch.equal(backend.forward_metadata.custom_mask.cpu(), flat.cpu())
+
+
 def test_drafter_call_shape_is_served(sg, stats):
     """The DFlash drafter runs TARGET_VERIFY too: ENCODER_ONLY attention, no mask."""
     layout = Layout(heads=8, budget=8)
