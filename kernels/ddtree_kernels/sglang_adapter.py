@@ -124,15 +124,14 @@ def sglang_verify_fwd(
     kv_fp8, v_from_k = cache_layout(k_buffer, v_buffer)
     plan = plan_verify(bs, H, max_len_extend, T, q_extend.device, d_v=d_v, d_rope=d_qk - d_v,
                        kv_fp8=kv_fp8, v_from_k=v_from_k)
-    row_stride = 0
     if tree_visibility is not None:
-        mode, row_stride = MASK_COMPACT, tree_visibility.stride(0)
-        mask = tree_visibility.view(torch.uint8) if tree_visibility.dtype == torch.bool else tree_visibility
+        mode, mask, row_stride = MASK_COMPACT, tree_visibility, tree_visibility.stride(0)
     elif custom_mask is not None:
-        mode = MASK_SGLANG_FLAT
-        mask = custom_mask.view(torch.uint8) if custom_mask.dtype == torch.bool else custom_mask
+        mode, mask, row_stride = MASK_SGLANG_FLAT, custom_mask, 0
     else:
-        mode, mask = (MASK_CHAIN if is_causal else MASK_FULL), None
+        mode, mask, row_stride = (MASK_CHAIN if is_causal else MASK_FULL), None, 0
+    if mask is not None and mask.dtype == torch.bool:
+        mask = mask.view(torch.uint8)
     lse_extend = kwargs.get("lse_extend")
     run_verify(
         plan, shared_workspace(plan, q_extend.device),

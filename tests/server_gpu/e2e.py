@@ -40,6 +40,8 @@ from pathlib import Path
 
 import requests
 
+from .report import first_difference
+
 REPO = Path(__file__).resolve().parents[2]
 GPU = REPO / ".gpu"
 VENV = GPU / "venv"
@@ -287,12 +289,8 @@ def first_differences(out: Path) -> dict[str, int]:
     if not all(p.exists() for p in paths):
         return {}
     ours, theirs = (json.loads(p.read_text()) for p in paths)
-    diffs = {}
-    for ctx in set(ours) & set(theirs):
-        first = next((i for i, (a, b) in enumerate(zip(ours[ctx], theirs[ctx], strict=False)) if a != b), None)
-        if first is not None:
-            diffs[ctx] = first
-    return diffs
+    diffs = {ctx: first_difference(ours[ctx], theirs[ctx]) for ctx in set(ours) & set(theirs)}
+    return {ctx: first for ctx, first in diffs.items() if first is not None}
 
 
 def tie_check(models: dict[str, Path], out: Path, deadline: float) -> dict:

@@ -42,17 +42,18 @@ def load_run(run_dir: Path) -> dict:
     return out
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token lists differ (the shorter one's end if one is a prefix), or None."""
+    first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+    return min(len(a), len(b)) if first is None and len(a) != len(b) else first
+
+
 def same_tokens(run: dict) -> dict:
     """Per context: equal, or the first index where the two kernels' greedy tokens differ."""
     ours, theirs = run.get("ddtree", {}).get("tokens", {}), run.get("sglang", {}).get("tokens", {})
-    detail = {}
-    for ctx in sorted(set(ours) & set(theirs), key=int):
-        a, b = ours[ctx], theirs[ctx]
-        first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
-        if first is None and len(a) != len(b):
-            first = min(len(a), len(b))
-        detail[ctx] = {"tokens": min(len(a), len(b)), "first_difference": first}
-    return detail
+    return {ctx: {"tokens": min(len(ours[ctx]), len(theirs[ctx])),
+                  "first_difference": first_difference(ours[ctx], theirs[ctx])}
+            for ctx in sorted(set(ours) & set(theirs), key=int)}
 
 
 # Where the two servers part, the near-tie rule: a logit is a bf16 number (SGLang's lm_head writes bf16), and
