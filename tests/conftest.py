@@ -11,14 +11,13 @@ import torch
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-# DDTREE_EMULATE=sm120 (make test-gpu EMULATE=sm120): the GPU suite on the sm_120 path, plans for
-# compute capability 12.0 and every dot on mma.sync (DISABLE_MMA_V3, read when Triton compiles).
+# DDTREE_EMULATE=sm120 (make test-gpu EMULATE=sm120): the GPU suite on the sm_120 path: its tests plan for
+# Target.emulating("sm120", "cuda") (tests/kernels/cases.TARGET), every dot on mma.sync (DISABLE_MMA_V3, read
+# when Triton compiles).
 EMULATE = os.environ.get("DDTREE_EMULATE", "")
 if EMULATE:
-    os.environ["DISABLE_MMA_V3"] = "1"
-    from ddtree_kernels.launcher import emulate_capability
-    from ddtree_tools.bench import EMULATIONS
+    from ddtree_kernels.target import NAMED
 
-    if EMULATE not in EMULATIONS:
-        raise ValueError(f"DDTREE_EMULATE={EMULATE!r}: choose one of {', '.join(EMULATIONS)}")
-    emulate_capability(EMULATIONS[EMULATE])
+    if EMULATE not in NAMED:
+        raise ValueError(f"DDTREE_EMULATE={EMULATE!r}: choose one of {', '.join(NAMED)}")
+    os.environ["DISABLE_MMA_V3"] = "1"

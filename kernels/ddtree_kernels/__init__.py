@@ -12,10 +12,12 @@ from . import masks, reference
 from .api import tree_verify_attention
 from .launcher import VerifyPlan, Workspace, plan_verify, reserve_workspace, run_verify
 from .sglang_adapter import sglang_verify_fwd, unsupported_reason
+from .target import Target
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Target",
     "VerifyPlan",
     "Workspace",
     "masks",

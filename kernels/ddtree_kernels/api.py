@@ -15,6 +15,7 @@ import torch
 
 from .inputs import tensor_problem
 from .launcher import Workspace, cache_layout, plan_verify, run_verify, shared_workspace
+from .target import Target
 from .tree import MASK_CHAIN, MASK_COMPACT
 
 
@@ -43,11 +44,13 @@ def tree_verify_attention(
     return_lse: bool = False,
     workspace: Workspace | None = None,
     num_splits: int | None = None,
+    target: Target | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of each draft token over its request's prefix and its tree ancestors.
 
     Safe inside CUDA-graph capture when `max_draft_tokens` (or `visibility`) is given
-    and `workspace` is preallocated: nothing is read back to the host.
+    and `workspace` is preallocated: nothing is read back to the host. `target`: the GPU to plan
+    for (default `Target.detect(q.device)`; `Target.emulating("sm120", q.device)` runs sm_120's plan).
     """
     _check(q.dim() == 3, f"q must be [T, H, D], got shape {tuple(q.shape)}")
     T, H, d_qk = q.shape
@@ -73,8 +76,8 @@ def tree_verify_attention(
 
     bs = qo_indptr.shape[0] - 1
     kv_fp8, v_from_k = cache_layout(k_cache, v_cache)
-    plan = plan_verify(max(bs, 1), H, max(max_draft_tokens, 1), T, q.device, d_v=d_v, d_rope=d_r,
-                       num_splits=num_splits, kv_fp8=kv_fp8, v_from_k=v_from_k)
+    plan = plan_verify(max(bs, 1), H, max(max_draft_tokens, 1), T, target or Target.detect(q.device), d_v=d_v,
+                       d_rope=d_r, num_splits=num_splits, kv_fp8=kv_fp8, v_from_k=v_from_k)
     workspace = workspace or shared_workspace(plan, q.device)
     lse = torch.empty((T, H), dtype=torch.float32, device=q.device) if return_lse else None
     if bs > 0 and T > 0:

@@ -1,7 +1,8 @@
-"""Print the kernels a verify call of a given shape launches on a given GPU, without that GPU.
+"""Print a GPU's kernel-selection table, or what a verify call of a given shape launches there, without that GPU.
 
+    python -m ddtree_kernels.describe --table --gpu sm120
     python -m ddtree_kernels.describe --heads 8 --draft 9 --kv fp8 --gpu sm120
-    python -m ddtree_kernels.describe --heads 16 --draft 33 --bs 4 --gpu sm90
+    python -m ddtree_kernels.describe --heads 16 --draft 33 --bs 4 --gpu sm90 --no-gluon
 """
 
 from __future__ import annotations
@@ -10,29 +11,44 @@ import argparse
 import sys
 
 from .launcher import plan_verify
+from .selection import table_for
+from .target import NAMED, Target
 
-# (compute capability, SMs) of the GPUs this repository plans for.
-GPUS = {"sm120": ((12, 0), 188), "sm90": ((9, 0), 132)}
+
+def describe(heads: int, draft: int, *, bs: int = 1, kv: str = "bf16", gpu: str = "sm120", sms: int | None = None,
+             gluon: bool = True) -> str:
+    """The plan's description (VerifyPlan.describe) for this shape on `gpu` (its SM count, or `sms`), and the
+    rule it took. `gluon=False`: as with a Triton outside the Gluon tiles' tested range."""
+    plan = plan_verify(bs, heads, draft, bs * draft, Target.named(gpu, sms=sms, gluon=gluon), kv_fp8=kv == "fp8")
+    rule = plan.rule.lines(plan.table.rules.index(plan.rule) + 1)
+    return "\n".join([plan.describe(), f"  rule {rule[0].strip()}", *(f"  {line.strip()}" for line in rule[1:])])
 
 
-def describe(heads: int, draft: int, *, bs: int = 1, kv: str = "bf16", gpu: str = "sm120",
-             sms: int | None = None) -> str:
-    """The plan's description (VerifyPlan.describe) for this shape on `gpu` (its SM count, or `sms`)."""
-    capability, default_sms = GPUS[gpu]
-    plan = plan_verify(bs, heads, draft, bs * draft, "cpu", kv_fp8=kv == "fp8", gpu=(capability, sms or default_sms))
-    return plan.describe()
+def describe_table(gpu: str = "sm120") -> str:
+    """The rule table `gpu` plans with (RuleTable.table)."""
+    return table_for(Target.named(gpu)).table()
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ddtree_kernels.describe", description=__doc__.splitlines()[0])
-    ap.add_argument("--heads", type=int, required=True, help="query heads a GPU (GLM-5 at TP 8: 8)")
-    ap.add_argument("--draft", type=int, required=True, help="draft tokens a request (DDTree budget + 1)")
+    ap.add_argument("--table", action="store_true", help="print the GPU's rule table")
+    ap.add_argument("--heads", type=int, help="query heads a GPU (GLM-5 at TP 8: 8)")
+    ap.add_argument("--draft", type=int, help="draft tokens a request (DDTree budget + 1)")
     ap.add_argument("--bs", type=int, default=1, help="requests in the batch")
     ap.add_argument("--kv", choices=["bf16", "fp8"], default="bf16", help="KV cache dtype")
-    ap.add_argument("--gpu", choices=sorted(GPUS), default="sm120", help="sm120: RTX PRO 6000; sm90: H100/H200")
+    ap.add_argument("--gpu", choices=sorted(NAMED), default="sm120", help="sm120: RTX PRO 6000; sm90: H100/H200")
     ap.add_argument("--sms", type=int, help="SM count, if not the GPU's usual one")
+    ap.add_argument("--no-gluon", action="store_true",
+                    help="plan as with a Triton outside the Gluon tiles' tested range (gluon_shared.TESTED_TRITON)")
     args = ap.parse_args(argv)
-    print(describe(args.heads, args.draft, bs=args.bs, kv=args.kv, gpu=args.gpu, sms=args.sms))
+    if args.table:
+        print(describe_table(args.gpu))
+        if args.heads is None:
+            return 0
+    if args.heads is None or args.draft is None:
+        ap.error("give --heads and --draft (a call to describe), or --table")
+    print(describe(args.heads, args.draft, bs=args.bs, kv=args.kv, gpu=args.gpu, sms=args.sms,
+                   gluon=not args.no_gluon))
     return 0
 
 

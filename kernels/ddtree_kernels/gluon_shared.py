@@ -1,8 +1,8 @@
 """What the Gluon kernels share: the Triton releases they run on, the names Gluon changed between
 them, and the helpers that are not specific to one GPU (split bounds, scales, softmax step, PDL).
 
-`hopper/prefix.py` (wgmma) and `prefix_mma_v2.py` (mma.sync, sm_120) import these; Gluon kernels
-cannot call `triton.jit` functions, so `prefix.py`'s Triton forms are written again here.
+`hopper/prefix_wgmma.py` (wgmma) and `sm120/prefix_latent_split.py` (mma.sync) import these; Gluon kernels
+cannot call `triton.jit` functions, so `prefix_general.py`'s Triton forms are written again here.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ if not _GLUON_ERROR:
         (split, q_start, n_rows, kv_start, first_row, row_end, lo, hi). Row block j owns rows row_stride * j ..
         row_stride * (j + 1) (the Hopper tile: BLOCK_M of them on the score wgmma and the rest, at most TAIL_N,
         as its keys-major row tail). The keys are chunked in whole key tiles, at least min_chunk a
-        split (as prefix_split_kernel's), the last `split_reserve` splits taking `late_keys` fewer each (none
+        split (as prefix_general_kernel's), the last `split_reserve` splits taking `late_keys` fewer each (none
         where that leaves them nothing): their programs start late (VerifyPlan.split_reserve)."""
         row_block = gl.program_id(0)
         split = gl.program_id(1)

@@ -1,6 +1,6 @@
 """Plan and run one tree-verify attention call: prefix splits, tree block, merge.
 
-Planning (`plan_verify`) looks only at static facts (shapes, the device), so the
+Planning (`plan_verify`) looks only at static facts (shapes, the cache, the target), so the
 same plan, grid and buffers serve every replay of a captured CUDA graph. Running
 (`run_verify`) launches the tree kernel, the prefix kernel (one or two launches) and the
 merge into caller-owned buffers and never reads a device value on the host. On sm_90 and
@@ -12,182 +12,87 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cache, cached_property, lru_cache
+from functools import cached_property, lru_cache
 
 import torch
 import triton
 
-from . import prefix_mma_v2
-from .configs import TileConfig, VerifyConfig, config_for, config_name
-from .hopper import plan as hopper_plan
-from .hopper import prefix as prefix_hopper
-from .hopper import prefix_ws as prefix_hopper_ws
-from .hopper.plan import fused_tail_rows, gluon_supports
 from .interpreter import interpreting
-from .merge import merge_parts_kernel
-from .prefix import prefix_split_kernel
-from .prefix_chunked import prefix_chunked_kernel
-from .tree import tree_block_kernel
-
-_EMULATED_CAPABILITY: tuple[int, int] | None = None
-
-
-def emulate_capability(capability: tuple[int, int] | None) -> None:
-    """Plan every call as if the GPU had this compute capability, keeping its own SM count; None undoes it.
-
-    This is sm_120 emulation on another GPU (the benchmark's and the GPU suite's EMULATE=sm120): the
-    configuration, tiles and programs an SM that sm_120 gets, grids sized for the GPU at hand. Pair it
-    with DISABLE_MMA_V3=1, so Triton lowers every dot to mma.sync as on sm_120."""
-    global _EMULATED_CAPABILITY
-    _EMULATED_CAPABILITY = tuple(capability) if capability is not None else None
-    plan_verify.cache_clear()
-
-
-@cache
-def _real_device_facts(device: torch.device) -> tuple[tuple[int, int] | None, int]:
-    if device.type != "cuda":
-        return None, 4  # the interpreter: a few "SMs" so CPU tests still split the prefix
-    props = torch.cuda.get_device_properties(device)
-    return (props.major, props.minor), props.multi_processor_count
-
-
-def _device_facts(device: torch.device) -> tuple[tuple[int, int] | None, int]:
-    """(compute capability, SM count) that plans are made for: the device's, or the emulated capability."""
-    capability, sm_count = _real_device_facts(device)
-    if _EMULATED_CAPABILITY is not None and capability is not None:
-        capability = _EMULATED_CAPABILITY
-    return capability, sm_count
-
-
-# The constexprs a launch's description shows (Launch.tile).
-_SHOWN = ("BLOCK_M", "TAIL_N", "BLOCK_N", "BLOCK_D", "BLOCK_S")
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One kernel launch of a plan (VerifyPlan.launches): what run_verify runs and fit compiles."""
-
-    kernel: str  # a key of KERNELS
-    grid: tuple[int, ...]
-    constexprs: tuple[tuple[str, object], ...]  # fixed by the plan; the call adds CALL_CONSTEXPRS
-    num_warps: int
-    num_stages: int
-    ctas_per_sm: int  # programs an SM the grid is sized for (0: not sized by residency)
-    row_base: int = 0  # prefix launches: the first row (of each request) this launch covers
-    note: str = ""  # how it computes, for the description
-
-    @property
-    def tile(self) -> str:
-        """The constexprs that shape it, as text."""
-        shown = dict(self.constexprs)
-        rows = f"rows {self.row_base}+ " if self.kernel.startswith(("prefix", "hopper")) else ""
-        text = " ".join(f"{k} {shown[k]}" for k in _SHOWN if k in shown)
-        return f"{rows}{text}{' keys-major' if shown.get('KEYS_MAJOR') else ''}{f' {self.note}' if self.note else ''}"
-
-    @cached_property
-    def kwargs(self) -> dict[str, object]:
-        """The constexprs as keyword arguments (built once: run_verify passes them on every call)."""
-        return dict(self.constexprs)
-
-    def __str__(self) -> str:
-        resident = f", {self.ctas_per_sm} an SM" if self.ctas_per_sm else ""
-        return (f"{self.kernel:42} grid {self.grid!s:15} {self.tile}, {self.num_warps} warps, "
-                f"{self.num_stages} stages{resident}")
-
-
-KERNELS = {
-    "tree_block_kernel": tree_block_kernel,
-    "prefix_split_kernel": prefix_split_kernel,
-    "prefix_chunked_kernel": prefix_chunked_kernel,
-    "prefix_mma_v2_kernel": getattr(prefix_mma_v2, "prefix_mma_v2_kernel", None),
-    # Defined where the installed Triton builds Gluon kernels (gluon_shared.unavailable_reason); plans
-    # elsewhere never launch them.
-    "hopper.prefix.prefix_wide_hopper_kernel": getattr(prefix_hopper, "prefix_wide_hopper_kernel", None),
-    "hopper.prefix_ws.prefix_wide_ws_kernel": getattr(prefix_hopper_ws, "prefix_wide_ws_kernel", None),
-    "merge_parts_kernel": merge_parts_kernel,
-}
-# Kernels written in Gluon: laid out for num_warps at trace time, pipelined by their own code.
-GLUON_KERNELS = frozenset(name for name in KERNELS if name.startswith("hopper.") or name == "prefix_mma_v2_kernel")
-# Constexprs each call supplies (not the plan): the tree's mask layout, a scale passed as a float or a
-# device tensor, fp32 dots under the interpreter, whether the merge also writes the LSE.
-CALL_CONSTEXPRS = {
-    "tree_block_kernel": ("MASK_MODE", "DOT_FP32"),
-    "prefix_split_kernel": ("SCALE_FROM_PTR", "DOT_FP32"),
-    "prefix_chunked_kernel": ("SCALE_FROM_PTR", "DOT_FP32"),
-    "prefix_mma_v2_kernel": ("SCALE_FROM_PTR",),
-    "hopper.prefix.prefix_wide_hopper_kernel": ("SCALE_FROM_PTR",),
-    "hopper.prefix_ws.prefix_wide_ws_kernel": ("SCALE_FROM_PTR",),
-    "merge_parts_kernel": ("STORE_LSE",),
-}
+from .launches import Launch, VerifyShape
+from .registry import KERNELS
+from .rules import Rule, RuleTable, Tile
+from .selection import select, table_for
+from .target import Target
 
 
 @dataclass(frozen=True)
 class VerifyPlan:
-    """Static launch decisions for one shape of verify call."""
+    """Static launch decisions for one shape of verify call on one target: the rule it takes, the splits."""
 
-    batch_size: int
-    num_heads: int
-    max_draft_tokens: int
-    total_tokens: int
-    d_v: int
-    d_rope: int
+    shape: VerifyShape
+    target: Target
+    table: RuleTable
+    rule: Rule
     num_splits: int
-    config: VerifyConfig
-    kv_fp8: bool = False  # the cache is float8_e4m3fn (the fp8 prefix tile)
-    v_from_k: bool = True  # values are the first d_v columns of the key rows (SGLang's MLA pool)
-    pdl: bool = False  # programmatic dependent launch of every kernel after the first (uses_pdl)
-    gluon: bool = False  # tiles marked `gluon` run prefix_hopper's kernel (gluon_supports)
 
-    # Launch geometry is derived once per plan (plans are cached, frozen and replayed): on the
-    # host, every verify call of an eager run pays for whatever run_verify recomputes.
+    # The shape's facts, by name.
+    batch_size = property(lambda self: self.shape.batch_size)
+    num_heads = property(lambda self: self.shape.num_heads)
+    max_draft_tokens = property(lambda self: self.shape.max_draft_tokens)
+    total_tokens = property(lambda self: self.shape.total_tokens)
+    d_v = property(lambda self: self.shape.d_v)
+    d_rope = property(lambda self: self.shape.d_rope)
+    kv_fp8 = property(lambda self: self.shape.kv_fp8)
+    v_from_k = property(lambda self: self.shape.v_from_k)
+    rows = property(lambda self: self.shape.rows)
+
+    # Launch geometry is derived once per plan (plans are cached, frozen and replayed): on the host,
+    # every verify call of an eager run pays for whatever run_verify recomputes.
+
+    @cached_property
+    def pdl(self) -> bool:
+        """Programmatic dependent launch of every kernel after the first: the table asks, the target has it."""
+        return self.table.pdl and self.target.pdl
+
+    @cached_property
+    def prefetch(self) -> bool:
+        """Prefetch slot indices into L2 (PTX): the table asks and the kernels are compiled."""
+        return self.table.prefetch_slots and not self.target.interpreted
 
     @property
-    def prefix_tile(self) -> TileConfig:
-        return self.config.prefix_for(self.max_draft_tokens * self.num_heads, kv_fp8=self.kv_fp8,
-                                      v_from_k=self.v_from_k, gluon=self.gluon, key_width=self.d_v + self.d_rope)
+    def prefix_tile(self) -> Tile:
+        return self.rule.tile
 
-    @property
-    def tail_rows(self) -> int:
-        """Rows a request leaves to the second, narrow-tile prefix launch (configs.wide_tail_max_rows)."""
-        return self.config.tail_rows(self.max_draft_tokens * self.num_heads, kv_fp8=self.kv_fp8,
-                                     v_from_k=self.v_from_k, gluon=self.gluon, key_width=self.d_v + self.d_rope)
+    @cached_property
+    def fused_tail_rows(self) -> int:
+        """Rows past the whole blocks that each block takes in the same pass (Rule.fused_tail_max_rows; 0: none).
+        They are spread over all the blocks: GLM-5's 72 rows are one block of 64 + 8, 264 four of 66."""
+        return fused_tail_rows(self.rule, self.rows)
 
-    def prefix_launches(self) -> tuple[tuple[TileConfig, int, int], ...]:
-        """(tile, first row, row blocks) of each prefix launch: the main tile, then the row tail."""
+    def prefix_launches(self) -> tuple[tuple[Tile, int, int], ...]:
+        """(tile, first row, row blocks) of each prefix launch: the rule's tile, then its row tail."""
         return self._prefix_launches
 
     @cached_property
-    def _prefix_launches(self) -> tuple[tuple[TileConfig, int, int], ...]:
-        return prefix_launches(self.config, self.max_draft_tokens * self.num_heads, kv_fp8=self.kv_fp8,
-                               v_from_k=self.v_from_k, gluon=self.gluon, key_width=self.d_v + self.d_rope)
+    def _prefix_launches(self) -> tuple[tuple[Tile, int, int], ...]:
+        return prefix_launches(self.rule, self.rows)
 
-    # The Gluon tiles' own decisions (hopper/plan.py), derived once per plan.
+    @property
+    def tail_rows(self) -> int:
+        """Rows a request leaves to the second, row-tail launch (Rule.tail_max_rows)."""
+        launches = self.prefix_launches()
+        return self.rows - launches[1][1] if len(launches) > 1 else 0
 
-    @cached_property
-    def gluon_rows(self) -> tuple[int, int, int]:
-        return hopper_plan.gluon_rows(self)
-
-    @cached_property
-    def tail_partition(self) -> bool:
-        return hopper_plan.tail_partition(self)
-
-    @cached_property
-    def split_reserve(self) -> int:
-        return hopper_plan.split_reserve(self)
-
-    @cached_property
-    def late_keys(self) -> int:
-        return hopper_plan.late_keys(self)
-
-    @cached_property
-    def head_blocks(self) -> tuple[int, int]:
-        """(BLOCK_DV, BLOCK_DR): the value and rope widths padded to powers of two."""
-        return _pow2_at_least(self.d_v), _pow2_at_least(self.d_rope)
+    def dims(self, padded: bool = False) -> tuple[tuple[str, int], ...]:
+        """The head and width constexprs (padded: with BLOCK_DV, BLOCK_DR, the widths as powers of two)."""
+        dims = (("H", self.num_heads), ("D_V", self.d_v), ("D_R", self.d_rope))
+        return dims + ((("BLOCK_DV", _pow2_at_least(self.d_v)), ("BLOCK_DR", _pow2_at_least(self.d_rope)))
+                       if padded else ())
 
     @cached_property
     def merge_grid(self) -> tuple[tuple[int, int], int, int]:
         """(grid, BLOCK_D, BLOCK_S) of the merge launch."""
-        block_d, block_s = merge_tile(self.config, self.num_parts)
+        block_d, block_s = merge_tile(self.table, self.num_parts)
         return (self.total_rows, _cdiv(self.d_v, block_d)), block_d, block_s
 
     @property
@@ -201,81 +106,26 @@ class VerifyPlan:
 
     def row_blocks(self, block_m: int) -> int:
         """Programs that cover the rows (draft tokens x heads) of the longest request."""
-        return _cdiv(self.max_draft_tokens * self.num_heads, block_m)
+        return _cdiv(self.rows, block_m)
 
     def launches(self) -> tuple[Launch, ...]:
-        """The kernels run_verify launches for this plan, in order."""
+        """The kernels run_verify launches for this plan, in order: tree block, prefix, merge."""
         return self._launches
 
     @cached_property
     def _launches(self) -> tuple[Launch, ...]:
-        conf, tc, pdl = self.config, self.config.tree, self.pdl
-        block_dv, block_dr = self.head_blocks
-        dims = dict(H=self.num_heads, D_V=self.d_v, D_R=self.d_rope)
-        padded = dict(dims, BLOCK_DV=block_dv, BLOCK_DR=block_dr)
-        prefetch = conf.prefetch_slots and not interpreting()  # the interpreter runs no PTX
-        out = [Launch("tree_block_kernel", (self.row_blocks(tc.block_m), self.batch_size),
-                      _items(padded, BLOCK_M=tc.block_m, BLOCK_N=tc.block_n, USE_PDL=pdl),
-                      tc.num_warps, tc.num_stages, 0)]
-        for tile, row_base, row_blocks in self.prefix_launches():
-            runs_mma_v2 = self.mma_v2(tile)
-            if tile.mma_v2 and not runs_mma_v2 and tile.fallback is not None:
-                tile = tile.fallback
-            grid = (row_blocks, self.num_splits, self.batch_size)
-            if tile.gluon and self.gluon:
-                block_m, tail_n, _ = self.gluon_rows
-                ws = self.tail_partition
-                out.append(Launch("hopper.prefix_ws.prefix_wide_ws_kernel" if ws else
-                                  "hopper.prefix.prefix_wide_hopper_kernel", grid,
-                                  _items(dims, BLOCK_M=block_m, BLOCK_N=tile.block_n, NUM_STAGES=tile.num_stages,
-                                         TAIL_N=tail_n, KV_FP8=self.kv_fp8, USE_PDL=pdl),
-                                  prefix_hopper_ws.KERNEL_WARPS if ws else tile.num_warps, tile.num_stages,
-                                  tile.ctas_per_sm, row_base, "(wgmma)"))
-            elif runs_mma_v2:
-                out.append(Launch("prefix_mma_v2_kernel", grid,
-                                  _items(dims, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, KV_FP8=self.kv_fp8,
-                                         USE_PDL=pdl),
-                                  tile.num_warps, tile.num_stages, tile.ctas_per_sm, row_base,
-                                  "(Gluon mma.sync, latent split)"))
-            elif self.chunked(tile):
-                out.append(Launch("prefix_chunked_kernel", grid,
-                                  _items(dims, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, PREFETCH_L2=prefetch,
-                                         USE_PDL=pdl),
-                                  tile.num_warps, tile.num_stages, tile.ctas_per_sm, row_base,
-                                  "(tl.dot, 4 score chains)"))
-            else:
-                out.append(Launch("prefix_split_kernel", grid,
-                                  _items(padded, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, V_FROM_K=self.v_from_k,
-                                         WIDEN_TO_FP16=self.kv_fp8, PREFETCH_L2=prefetch, USE_PDL=pdl,
-                                         KEYS_MAJOR=tile.keys_major),
-                                  tile.num_warps, tile.num_stages, tile.ctas_per_sm, row_base, "(tl.dot)"))
-        grid, block_d, block_s = self.merge_grid
-        out.append(Launch("merge_parts_kernel", grid,
-                          _items(dict(H=self.num_heads, D_V=self.d_v), BLOCK_D=block_d, BLOCK_S=block_s, USE_PDL=pdl),
-                          conf.merge_num_warps, 1, 0))
-        return tuple(out)
-
-    def mma_v2(self, tile: TileConfig) -> bool:
-        """This prefix tile runs prefix_mma_v2_kernel (TileConfig.mma_v2, where it applies)."""
-        return tile.mma_v2 and not interpreting() and prefix_mma_v2.supports(
-            v_from_k=self.v_from_k, d_v=self.d_v, d_rope=self.d_rope)
-
-    def chunked(self, tile: TileConfig) -> bool:
-        """This prefix tile runs prefix_chunked_kernel (TileConfig.chunked, where it applies)."""
-        return tile.chunked and chunked_supported(kv_fp8=self.kv_fp8, v_from_k=self.v_from_k, d_v=self.d_v,
-                                                   d_rope=self.d_rope)
+        prefix = [KERNELS[tile.kernel].launch(self, tile, row_base, blocks)
+                  for tile, row_base, blocks in self.prefix_launches()]
+        return (KERNELS["tree"].launch(self), *prefix, KERNELS["merge"].launch(self))
 
     def describe(self) -> str:
         """One line for the plan, then one a launch: what a verify call of this shape runs."""
         cache = "fp8_e4m3" if self.kv_fp8 else "16-bit"
+        number = self.table.rules.index(self.rule) + 1 if self.rule in self.table.rules else "custom"
         head = (f"verify plan: bs {self.batch_size}, {self.num_heads} heads x {self.max_draft_tokens} draft tokens "
-                f"({self.max_draft_tokens * self.num_heads} rows a request), {cache} cache, {self.num_splits} "
-                f"prefix splits, config {config_name(self.config)}, PDL {'on' if self.pdl else 'off'}")
+                f"({self.rows} rows a request), {cache} cache, {self.num_splits} prefix splits, on {self.target}, "
+                f"table {self.table.name} rule {number}, PDL {'on' if self.pdl else 'off'}")
         return "\n".join([head, *(f"  {i}. {launch}" for i, launch in enumerate(self.launches(), 1))])
-
-
-def _items(base: dict, **more) -> tuple[tuple[str, object], ...]:
-    return tuple({**base, **more}.items())
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -283,28 +133,29 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def prefix_launches(config: VerifyConfig, rows: int, *, kv_fp8: bool, v_from_k: bool,
-                    gluon: bool = False, key_width: int = 576) -> tuple[tuple[TileConfig, int, int], ...]:
-    """(tile, first row, row blocks) of each prefix launch for requests of `rows` rows: the main
-    tile, then the row tail on the narrow tile (configs.wide_tail_max_rows) unless the main tile's
-    Gluon kernel spreads it over its blocks (`fused_tail_rows`)."""
-    main = config.prefix_for(rows, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon, key_width=key_width)
-    tail = config.tail_rows(rows, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon, key_width=key_width)
-    if fused_tail_rows(config, rows, kv_fp8=kv_fp8, v_from_k=v_from_k, gluon=gluon):
+def fused_tail_rows(rule: Rule, rows: int) -> int:
+    """Rows past the rule's whole blocks that each block takes in the same pass, where its kernel does
+    (registry `fused_tail_block_n`) and they are at most fused_tail_max_rows a block (0: none)."""
+    tile = rule.tile
+    if (not rule.fused_tail_max_rows or tile.keys_major or rows < tile.block_m
+            or KERNELS[tile.kernel].fused_tail_block_n != tile.block_n):
+        return 0
+    blocks = rows // tile.block_m
+    per_block = math.ceil((rows - blocks * tile.block_m) / blocks)
+    return per_block if per_block <= rule.fused_tail_max_rows else 0
+
+
+def prefix_launches(rule: Rule, rows: int) -> tuple[tuple[Tile, int, int], ...]:
+    """(tile, first row, row blocks) of each prefix launch for requests of `rows` rows: the rule's tile, then
+    the rows past its whole blocks on the tail tile when they are at most tail_max_rows, unless the tile's
+    kernel takes them in its own blocks (`fused_tail_rows`)."""
+    main = rule.tile
+    if fused_tail_rows(rule, rows):
         return ((main, 0, rows // main.block_m),)
-    if not tail:
+    tail = rows % main.block_m if rule.tail is not None and rows >= main.block_m else 0
+    if not tail or tail > rule.tail_max_rows:
         return ((main, 0, _cdiv(rows, main.block_m)),)
-    narrow = config.narrow_for(kv_fp8=kv_fp8)
-    return ((main, 0, (rows - tail) // main.block_m), (narrow, rows - tail, _cdiv(tail, narrow.block_m)))
-
-
-def chunked_supported(*, kv_fp8: bool, v_from_k: bool, d_v: int, d_rope: int) -> bool:
-    """prefix_chunked_kernel serves this cache: 16-bit, values read from the key rows, D_V / 4 and D_R
-    powers of two of at least 16 (its dots' shapes)."""
-    def pow2(x: int) -> bool:
-        return x >= 16 and x & (x - 1) == 0
-
-    return not kv_fp8 and v_from_k and d_v % 4 == 0 and pow2(d_v // 4) and pow2(d_rope)
+    return ((main, 0, (rows - tail) // main.block_m), (rule.tail, rows - tail, _cdiv(tail, rule.tail.block_m)))
 
 
 def split_count(programs_per_split: int, slots: int, max_splits: int, slack: float = 0.03) -> int:
@@ -332,43 +183,41 @@ def plan_verify(
     num_heads: int,
     max_draft_tokens: int,
     total_tokens: int,
-    device: torch.device | str,
+    target: Target | torch.device | str,
     *,
     d_v: int = 512,
     d_rope: int = 64,
-    num_splits: int | None = None,
-    config: VerifyConfig | None = None,
     kv_fp8: bool = False,
     v_from_k: bool = True,
-    gpu: tuple[tuple[int, int], int] | None = None,
+    num_splits: int | None = None,
+    table: RuleTable | None = None,
 ) -> VerifyPlan:
-    """Choose the split count and tile configuration for a verify shape.
+    """The plan of a verify shape on a target (a device stands for `Target.detect(device)`).
 
-    The split count fills whole waves of resident programs (`split_count`); at run
-    time a short prefix uses fewer of them. `kv_fp8` and `v_from_k` describe the KV
-    cache (`cache_layout`): they pick the prefix tile, and `run_verify` checks them.
-    `gpu` = (compute capability, SM count) plans for a GPU other than `device`'s (describe.py).
+    The rule is the first of the target's table (or `table`) that takes the call (`selection.select`); the
+    split count fills whole waves of resident programs (`split_count`); at run time a short prefix uses fewer
+    of them. `kv_fp8` and `v_from_k` describe the KV cache (`cache_layout`): run_verify checks them.
     """
     if batch_size < 1 or num_heads < 1 or max_draft_tokens < 1:
         raise ValueError(
             f"plan_verify needs batch_size, num_heads and max_draft_tokens >= 1, got "
             f"{batch_size}, {num_heads}, {max_draft_tokens}"
         )
-    capability, sm_count = gpu if gpu is not None else _device_facts(torch.device(device))
-    config = config or config_for(capability)
-    gluon = gluon_supports(capability, v_from_k=v_from_k, d_v=d_v, d_rope=d_rope)
+    if not isinstance(target, Target):
+        target = Target.detect(target)
+    table = table or table_for(target)
+    shape = VerifyShape(batch_size, num_heads, max_draft_tokens, total_tokens, d_v, d_rope, kv_fp8, v_from_k)
+    rule = select(table, shape, target)
     if num_splits is None:
-        # A row-tail launch runs beside the main one (it launches as soon as every main program
-        # has started), on the SMs the main programs leave free. Count each program as its share
-        # of an SM, so all launches fit one wave together: GLM-5's 72 rows at 88 splits put 88
-        # wide programs and 88 two-an-SM tail programs on 132 SMs.
-        launches = prefix_launches(config, max_draft_tokens * num_heads, kv_fp8=kv_fp8, v_from_k=v_from_k,
-                                   gluon=gluon, key_width=d_v + d_rope)
-        shares = math.prod(tile.ctas_per_sm for tile, _, _ in launches)
-        per_split = sum(blocks * shares // tile.ctas_per_sm for tile, _, blocks in launches) * batch_size
-        num_splits = split_count(per_split, sm_count * shares, config.max_splits)
-    return VerifyPlan(batch_size, num_heads, max_draft_tokens, total_tokens, d_v, d_rope, num_splits, config,
-                      kv_fp8, v_from_k, uses_pdl(config, capability), gluon)
+        # A row-tail launch runs beside the main one (it launches as soon as every main program has
+        # started), on the SMs the main programs leave free. Count each program as its share of an SM,
+        # so all launches fit one wave together: GLM-5's 72 rows at 88 splits put 88 wide programs and
+        # 88 two-an-SM tail programs on 132 SMs.
+        launches = prefix_launches(rule, shape.rows)
+        shares = math.prod(tile.programs_per_sm for tile, _, _ in launches)
+        per_split = sum(blocks * shares // tile.programs_per_sm for tile, _, blocks in launches) * batch_size
+        num_splits = split_count(per_split, target.sms * shares, table.max_splits)
+    return VerifyPlan(shape, target, table, rule, num_splits)
 
 
 class Workspace:
@@ -402,6 +251,11 @@ class Workspace:
     @classmethod
     def for_plan(cls, plan: VerifyPlan, device: torch.device | str) -> Workspace:
         return cls(cls.part_rows(plan), plan.d_v, device)
+
+    @classmethod
+    def for_plans(cls, plans: list[VerifyPlan], device: torch.device | str) -> Workspace:
+        """One workspace that every plan given fits (a backend's, for each batch size it captures)."""
+        return cls(max(cls.part_rows(p) for p in plans), max(p.d_v for p in plans), device)
 
 
 def _scale_args(k_scale, v_scale) -> tuple[object, object, bool]:
@@ -439,19 +293,13 @@ def _pow2_at_least(x: int, floor: int = 16) -> int:
     return max(floor, triton.next_power_of_2(max(x, 1)))
 
 
-def merge_tile(conf: VerifyConfig, num_parts: int) -> tuple[int, int]:
+def merge_tile(conf: RuleTable, num_parts: int) -> tuple[int, int]:
     """(BLOCK_D, BLOCK_S) of a merge program: every part in one step where the register
     budget (merge_block_d x merge_block_s values) allows, narrowing the column slice to pay
     for it, down to 8 columns (one 32-byte sector a part)."""
     budget = conf.merge_block_d * conf.merge_block_s
     block_s = min(_pow2_at_least(num_parts), budget // 8)
     return max(8, min(conf.merge_block_d, budget // block_s)), block_s
-
-
-def uses_pdl(conf: VerifyConfig, capability: tuple[int, int] | None) -> bool:
-    """Programmatic dependent launch for every kernel after the first: sm_90 and newer, not
-    under the interpreter (it runs no PTX). plan_verify records it in the plan."""
-    return conf.pdl and capability is not None and capability >= (9, 0) and not interpreting()
 
 
 def run_verify(
@@ -486,6 +334,11 @@ def run_verify(
             f"workspace holds {workspace.lse_flat.numel()} part rows of width {workspace.d_v} but the plan needs "
             f"{plan.total_rows} x {plan.num_parts} of width {plan.d_v}; allocate Workspace.for_plan(plan, device)"
         )
+    if plan.target.interpreted != interpreting():
+        raise ValueError(
+            f"the plan was made for {plan.target} but kernels here run {'through' if interpreting() else 'outside'} "
+            "Triton's interpreter (TRITON_INTERPRET): plan with Target.detect(device)"
+        )
     k_s, v_s, scale_from_ptr = _scale_args(k_scale, v_scale)
     k_buf, v_buf = kv_view(k_buf), kv_view(v_buf)
     kv_fp8, v_from_k = cache_layout(k_buf, v_buf)
@@ -495,38 +348,31 @@ def run_verify(
             f"kv_fp8={kv_fp8}, v_from_k={v_from_k}: call plan_verify(..., kv_fp8={kv_fp8}, v_from_k={v_from_k})"
         )
     o_part, lse_part = workspace.views(plan)
-    parts = (o_part, lse_part)
-    part_strides = (o_part.stride(0), o_part.stride(1), lse_part.stride(0))
-    qk_scale_log2 = sm_scale * 1.4426950408889634
-    call = dict(MASK_MODE=mask_mode, DOT_FP32=interpreting(), SCALE_FROM_PTR=scale_from_ptr,
-                STORE_LSE=lse_out is not None)
-    # Positional arguments of each kernel, in its signature's order.
-    prefix_common = (qo_indptr, kv_indptr, *parts, k_s, v_s, qk_scale_log2, plan.config.min_chunk)
+    # A value for every argument name any kernel takes; each launch passes its kernel's own (KernelEntry.runtime).
+    values = dict(
+        Q=q, K_buf=k_buf, V_buf=v_buf, kv_indices=kv_indices, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+        K_tree=k_tree, V_tree=v_tree, O_part=o_part, LSE_part=lse_part, Out=out,
+        LSE_out=lse_out if lse_out is not None else o_part,
+        mask=mask if mask is not None else qo_indptr, mask_indptr=mask_indptr if mask_indptr is not None else qo_indptr,
+        mask_row_stride=mask_row_stride, k_scale=k_s, v_scale=v_s, qk_scale_log2=sm_scale * 1.4426950408889634,
+        stride_qt=q.stride(0), stride_qh=q.stride(1), stride_ks=k_buf.stride(0), stride_vs=v_buf.stride(0),
+        stride_kt=k_tree.stride(0), stride_vt=v_tree.stride(0), stride_or=o_part.stride(0),
+        stride_op=o_part.stride(1), stride_lr=lse_part.stride(0), stride_ot=out.stride(0), stride_oh=out.stride(1),
+        stride_lse_t=lse_out.stride(0) if lse_out is not None else 0,
+        # constexprs the call decides: the tree's mask layout, fp32 dots under the interpreter, scales as floats
+        # or device tensors, whether the merge also writes the LSE
+        MASK_MODE=mask_mode, DOT_FP32=plan.target.interpreted, SCALE_FROM_PTR=scale_from_ptr,
+        STORE_LSE=lse_out is not None,
+    )
     for launch in plan.launches():
-        name = launch.kernel
-        if name == "tree_block_kernel":
-            args = (q, k_tree, v_tree, qo_indptr, kv_indptr, mask if mask is not None else qo_indptr,
-                    mask_indptr if mask_indptr is not None else qo_indptr, *parts, qk_scale_log2, plan.num_splits,
-                    mask_row_stride, q.stride(0), q.stride(1), k_tree.stride(0), v_tree.stride(0), *part_strides)
-        elif name == "prefix_split_kernel":
-            args = (q, k_buf, v_buf, kv_indices, *prefix_common, launch.row_base,
-                    q.stride(0), q.stride(1), k_buf.stride(0), v_buf.stride(0), *part_strides)
-        elif name in ("prefix_chunked_kernel", "prefix_mma_v2_kernel"):
-            args = (q, k_buf, kv_indices, *prefix_common, launch.row_base,
-                    q.stride(0), q.stride(1), k_buf.stride(0), *part_strides)
-        elif name.startswith("hopper."):
-            args = (q, k_buf, kv_indices, *prefix_common, plan.split_reserve, plan.late_keys, launch.row_base,
-                    plan.gluon_rows[2], q.stride(0), q.stride(1), k_buf.stride(0), *part_strides)
-        else:  # merge_parts_kernel
-            args = (*parts, out, lse_out if lse_out is not None else o_part, qo_indptr, plan.batch_size,
-                    plan.num_parts, *part_strides, out.stride(0), out.stride(1),
-                    lse_out.stride(0) if lse_out is not None else 0)
+        entry = KERNELS[launch.kernel]
+        values.update(launch.scalars)
         # Gluon kernels pipeline by their NUM_STAGES constexpr; the tree kernel never waits on a grid.
-        options = dict(num_warps=launch.num_warps, launch_pdl=plan.pdl and name != "tree_block_kernel")
-        if name not in GLUON_KERNELS:
+        options = dict(num_warps=launch.num_warps, launch_pdl=plan.pdl and launch.kernel != "tree")
+        if not entry.gluon:
             options["num_stages"] = launch.num_stages
-        KERNELS[name][launch.grid](*args, **launch.kwargs, **{k: call[k] for k in CALL_CONSTEXPRS[name]},
-                                   **options)
+        entry.fn[launch.grid](*[values[name] for name in entry.runtime], **launch.kwargs,
+                              **{name: values[name] for name in launch.call_constexprs}, **options)
 
 
 # Workspaces handed out by `shared_workspace`, per device. A larger call allocates a
@@ -536,21 +382,25 @@ _WORKSPACES: dict[torch.device, list[Workspace]] = {}
 
 
 def shared_workspace(plan: VerifyPlan, device: torch.device | str) -> Workspace:
-    """A process-wide workspace that fits `plan`, grown (never freed) as needed."""
+    """The standalone API's workspace: process-wide, one a device, grown (never freed) to fit `plan`."""
+    return reserve_workspace([plan], device)
+
+
+def _concrete(device: torch.device | str) -> torch.device:
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    held = _WORKSPACES.setdefault(device, [])
-    if held and held[-1].fits(plan):
-        return held[-1]
-    part_rows = max(held[-1].lse_flat.numel() if held else 0, Workspace.part_rows(plan))
-    grown = Workspace(part_rows, max(held[-1].d_v if held else 0, plan.d_v), device)
-    held.append(grown)
-    return grown
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def reserve_workspace(plans: list[VerifyPlan], device: torch.device | str) -> Workspace:
-    """Allocate the shared workspace up front (before CUDA-graph capture) for every plan given."""
-    part_rows = max(Workspace.part_rows(p) for p in plans)
-    plan = VerifyPlan(1, 1, 1, part_rows, max(p.d_v for p in plans), 0, 0, plans[0].config)
-    return shared_workspace(plan, device)
+    """Grow the shared workspace up front (before CUDA-graph capture) to fit every plan given."""
+    device = _concrete(device)
+    held = _WORKSPACES.setdefault(device, [])
+    part_rows, d_v = max(Workspace.part_rows(p) for p in plans), max(p.d_v for p in plans)
+    if held:
+        if held[-1].lse_flat.numel() >= part_rows and held[-1].d_v >= d_v:
+            return held[-1]
+        part_rows, d_v = max(part_rows, held[-1].lse_flat.numel()), max(d_v, held[-1].d_v)
+    held.append(Workspace(part_rows, d_v, device))
+    return held[-1]

@@ -13,8 +13,9 @@ import torch
 
 from .inputs import tensor_problem
 from .interpreter import interpreting
-from .launcher import cache_layout, plan_verify, run_verify, shared_workspace
+from .launcher import Workspace, cache_layout, plan_verify, run_verify, shared_workspace
 from .sglang.verify_stats import STATS
+from .target import Target
 from .tree import MASK_CHAIN, MASK_COMPACT, MASK_FULL, MASK_SGLANG_FLAT
 
 # Keyword arguments SGLang may pass that do not change what the kernel must compute,
@@ -99,12 +100,16 @@ def sglang_verify_fwd(
     xai_temperature_len: int = -1,
     max_bs: int | None = None,
     tree_visibility: torch.Tensor | None = None,
+    target: Target | None = None,
+    workspace: Workspace | None = None,
     **kwargs,
 ) -> bool:
     """Write o_extend and return True, or return False (nothing written) to let SGLang fall back.
 
     tree_visibility: the tree as compact rows ([T, stride], uint8 or bool), given by a DDTree server
-    that builds no flat mask (patch 0004); it replaces custom_mask.
+    that builds no flat mask (patch 0004); it replaces custom_mask. `target`: the GPU to plan for (default
+    `Target.detect` of the tensors' device). `workspace`: the caller's (the backend reserves one before
+    CUDA-graph capture); a call it does not fit uses the shared one.
     """
     reason = unsupported_reason(
         q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
@@ -122,8 +127,10 @@ def sglang_verify_fwd(
     if T == 0 or bs == 0:
         return True
     kv_fp8, v_from_k = cache_layout(k_buffer, v_buffer)
-    plan = plan_verify(bs, H, max_len_extend, T, q_extend.device, d_v=d_v, d_rope=d_qk - d_v,
+    plan = plan_verify(bs, H, max_len_extend, T, target or q_extend.device, d_v=d_v, d_rope=d_qk - d_v,
                        kv_fp8=kv_fp8, v_from_k=v_from_k)
+    if workspace is None or not workspace.fits(plan):
+        workspace = shared_workspace(plan, q_extend.device)
     if tree_visibility is not None:
         mode, mask, row_stride = MASK_COMPACT, tree_visibility, tree_visibility.stride(0)
     elif custom_mask is not None:
@@ -134,7 +141,7 @@ def sglang_verify_fwd(
         mask = mask.view(torch.uint8)
     lse_extend = kwargs.get("lse_extend")
     run_verify(
-        plan, shared_workspace(plan, q_extend.device),
+        plan, workspace,
         q_extend, k_buffer, v_buffer, kv_indptr, kv_indices, k_extend, v_extend, qo_indptr, o_extend,
         mask_mode=mode, mask=mask, mask_indptr=mask_indptr, mask_row_stride=row_stride,
         sm_scale=sm_scale if sm_scale is not None else d_qk ** -0.5,

@@ -13,7 +13,7 @@ Every case also checks our output against SGLang's and against the float64 refer
 Writes bench.json, bench.md and bench.png.
 
 `--emulate sm120` measures the path the RTX PRO 6000 runs, on the GPU at hand: every plan is made
-for compute capability 12.0 (its configuration, tiles and programs an SM; grids sized for this
+for `Target.emulating("sm120", device)` (its rule table, tiles and programs an SM; grids sized for this
 GPU's SMs), DISABLE_MMA_V3=1 makes Triton lower every dot to mma.sync as on sm_120 (checked in the
 compiled PTX: the run stops if a wgmma appears), and the floor's compute ceiling is a Triton bf16
 GEMM under the same setting. Each case then gets a labelled projection to the RTX PRO 6000 (model:
@@ -40,8 +40,8 @@ import triton
 import triton.language as tl
 
 from ddtree_kernels import masks, reference
-from ddtree_kernels.configs import SHARED_MEMORY_PER_SM
-from ddtree_kernels.launcher import Workspace, emulate_capability, plan_verify, run_verify
+from ddtree_kernels.launcher import Workspace, plan_verify, run_verify
+from ddtree_kernels.target import SHARED_MEMORY_PER_SM, Target
 from ddtree_kernels.tree import MASK_COMPACT
 
 D_QK, D_V = 576, 512
@@ -169,11 +169,11 @@ def triton_gemm_ceiling(dtype: torch.dtype, device: str, size: int = 8192) -> tu
 
 
 def enable_emulation(name: str, device: str) -> dict:
-    """Plans for the emulated GPU, dots on mma.sync; refuses to go on if Triton still emits wgmma."""
+    """Dots on mma.sync and the emulated GPU's shared memory an SM; refuses to go on if Triton still emits wgmma.
+    Plans for the emulated GPU take `Target.emulating(name, device)`."""
     if name not in EMULATIONS:
         raise SystemExit(f"--emulate {name}: choose one of {', '.join(EMULATIONS)}")
     os.environ["DISABLE_MMA_V3"] = "1"  # read by Triton at each compile (and part of its cache key)
-    emulate_capability(EMULATIONS[name])
     bf16, bf16_mma = triton_gemm_ceiling(torch.bfloat16, device)
     if not bf16_mma.startswith("mma.sync"):
         raise SystemExit(f"sm_120 emulation needs mma.sync, but Triton emitted {bf16_mma!r} with DISABLE_MMA_V3=1: "
@@ -320,12 +320,13 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def measure(case: Case, device: str, copy: float, mm: float, sgl: dict | None) -> Row:
+def measure(case: Case, device: str, copy: float, mm: float, sgl: dict | None, target: Target | None = None) -> Row:
+    """One case: our call eagerly and in graphs, SGLang's, the errors. `target`: the GPU to plan for (emulation)."""
     p = Problem(case, device)
     row = Row(case=asdict(case), floor_us=max(case.kv_bytes() / copy / 1e3, case.flops() / mm / 1e6))
     T = case.bs * case.n
     out = torch.empty(T, case.H, D_V, dtype=torch.bfloat16, device=device)
-    plan = plan_verify(case.bs, case.H, case.n, T, device, kv_fp8=case.fp8)
+    plan = plan_verify(case.bs, case.H, case.n, T, target or Target.detect(device), kv_fp8=case.fp8)
     ws = Workspace.for_plan(plan, device)
 
     def ours(pool=None):
@@ -498,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         sgl = load_sglang_attention(args.sglang_wheel)
     device = "cuda"
     emulation = enable_emulation(args.emulate, device) if args.emulate else {}
+    target = Target.emulating(args.emulate, device) if args.emulate else None
     copy, mm = ceilings(device)
     floor_mm = emulation.get("mma_tflops", mm)  # under emulation the compute floor is mma.sync's
     meta = dict(
@@ -525,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         cases = QUICK if args.quick else FULL
         for i, case in enumerate(cases, 1):
-            row = measure(case, device, copy, floor_mm, sgl)
+            row = measure(case, device, copy, floor_mm, sgl, target)
             if args.emulate:
                 row.projected_us = projection(case, row.ours_graph_us, floor_mm)
             torch.cuda.empty_cache()

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
 from ddtree_kernels import masks, reference
+from ddtree_kernels.target import Target
+
+EMULATE = os.environ.get("DDTREE_EMULATE", "")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The GPU the suite plans for: this one, or under DDTREE_EMULATE=sm120 (make test-gpu EMULATE=sm120) sm_120's
+# plans on this GPU (the conftest sets DISABLE_MMA_V3, so Triton lowers every dot to mma.sync as there).
+TARGET = Target.emulating(EMULATE, DEVICE) if EMULATE else Target.detect(DEVICE)
 
 
 @dataclass

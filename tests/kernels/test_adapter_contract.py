@@ -13,9 +13,7 @@ import torch
 
 import ddtree_kernels as dk
 
-from .cases import make_case
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from .cases import DEVICE, TARGET, make_case
 
 
 def _call(case, out, *, q=None, k_buffer=None, v_buffer=None, k_extend=None, custom_mask="case",
@@ -33,7 +31,7 @@ def _call(case, out, *, q=None, k_buffer=None, v_buffer=None, k_extend=None, cus
         case.mask_indptr if mask_indptr == "case" else mask_indptr,
         case.max_draft if max_len is None else max_len,
         1.0, 1.0, case.sm_scale,
-        **kwargs,
+        **kwargs, target=TARGET,
     )
 
 
@@ -104,9 +102,9 @@ def test_both_entry_points_refuse_the_same_tensors(case):
     assert reason is not None and "head dims disagree" in reason
     with pytest.raises(ValueError, match="head dims disagree"):
         dk.tree_verify_attention(wide, case.k_cache, case.kv_indptr, case.kv_indices, case.k_draft, case.qo_indptr,
-                                 case.visibility)
+                                 case.visibility, target=TARGET)
     fp32 = case.q.float()
     assert "q/out dtype" in dk.unsupported_reason(fp32, *args[1:])
     with pytest.raises(ValueError, match="q/out dtype"):
         dk.tree_verify_attention(fp32, case.k_cache, case.kv_indptr, case.kv_indices, case.k_draft, case.qo_indptr,
-                                 case.visibility)
+                                 case.visibility, target=TARGET)

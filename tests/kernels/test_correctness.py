@@ -13,13 +13,13 @@ import pytest
 import torch
 
 import ddtree_kernels as dk
-from ddtree_kernels.configs import SM120
+from ddtree_kernels.hopper.rules import HOPPER
 from ddtree_kernels.launcher import Workspace, cache_layout, plan_verify, run_verify
+from ddtree_kernels.sm120.rules import SM120
 from ddtree_kernels.tree import MASK_COMPACT
 
-from .cases import assert_close, make_case
+from .cases import DEVICE, TARGET, assert_close, make_case
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8 = torch.float8_e4m3fn
 
 # (id, prefix lengths, draft lengths, heads, options)
@@ -54,7 +54,7 @@ def test_sglang_adapter_matches_reference(prefix, draft, heads, opts):
         case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache,
         case.qo_indptr, case.kv_indptr, case.kv_indices, case.custom_mask,
         opts.get("tree") != "full", case.mask_indptr, case.max_draft,
-        case.k_scale, case.v_scale, case.sm_scale, lse_extend=lse,
+        case.k_scale, case.v_scale, case.sm_scale, lse_extend=lse, target=TARGET,
     )
     assert served
     ref_out, ref_lse = case.reference()
@@ -74,7 +74,7 @@ def test_standalone_api_matches_reference(prefix, draft, heads, opts):
         case.q, case.k_cache, case.kv_indptr, case.kv_indices, case.k_draft, case.qo_indptr, case.visibility,
         d_v=case.d_v, v_cache=v_cache, v_draft=case.v_draft, sm_scale=case.sm_scale,
         k_scale=case.k_scale, v_scale=case.v_scale, max_draft_tokens=case.max_draft,
-        out=_poisoned_out(case), return_lse=True,
+        out=_poisoned_out(case), return_lse=True, target=TARGET,
     )
     ref_out, ref_lse = case.reference()
     assert_close(out, ref_out, case)
@@ -97,8 +97,8 @@ def _run_planned(plan, case) -> torch.Tensor:
 def test_splits_that_do_not_divide_the_prefix(num_splits):
     """Uneven and empty splits (40 splits of 32-key chunks over 777 keys leave some empty)."""
     case = make_case([777, 5, 64], [9, 2, 4], 8, DEVICE)
-    config = dataclasses.replace(SM120, min_chunk=32)
-    plan = plan_verify(3, 8, case.max_draft, case.q.shape[0], DEVICE, num_splits=num_splits, config=config)
+    table = dataclasses.replace(SM120, min_chunk=32)
+    plan = plan_verify(3, 8, case.max_draft, case.q.shape[0], TARGET, num_splits=num_splits, table=table)
     assert_close(_run_planned(plan, case), case.reference()[0], case)
 
 
@@ -110,6 +110,7 @@ def test_fp8_scales_as_device_tensors():
     assert dk.sglang_verify_fwd(
         case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr,
         case.kv_indices, case.custom_mask, True, case.mask_indptr, case.max_draft, scale, scale, case.sm_scale,
+        target=TARGET,
     )
     assert_close(out, case.reference()[0], case)
 
@@ -126,7 +127,7 @@ def test_padded_rows_past_the_last_request_are_left_alone():
     out = torch.full((q.shape[0], 8, case.d_v), 7.0, dtype=q.dtype, device=DEVICE)
     assert dk.sglang_verify_fwd(
         q, k_draft, v_draft, out, case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr, case.kv_indices,
-        case.custom_mask, True, case.mask_indptr, case.max_draft, 1.0, 1.0, case.sm_scale,
+        case.custom_mask, True, case.mask_indptr, case.max_draft, 1.0, 1.0, case.sm_scale, target=TARGET,
     )
     assert_close(out[: case.q.shape[0]], case.reference()[0], case)
     assert bool((out[case.q.shape[0]:] == 7.0).all())
@@ -150,7 +151,7 @@ def test_one_workspace_serves_every_captured_batch_size():
     """Sized by the largest rows x parts product, not max rows x max parts (SGLang captures bs 1..64)."""
     from ddtree_kernels.launcher import Workspace, reserve_workspace, shared_workspace
 
-    plans = [plan_verify(bs, 8, 9, bs * 9, DEVICE) for bs in range(1, 65)]
+    plans = [plan_verify(bs, 8, 9, bs * 9, TARGET) for bs in range(1, 65)]
     ws = reserve_workspace(plans, DEVICE)
     assert all(ws.fits(p) for p in plans)
     assert all(shared_workspace(p, DEVICE) is ws for p in plans)  # nothing re-allocated during capture
@@ -159,49 +160,40 @@ def test_one_workspace_serves_every_captured_batch_size():
     assert product_max < max(p.total_rows for p in plans) * max(p.num_parts for p in plans)
     o, lse = ws.views(plans[-1])
     assert o.shape == (64 * 9 * 8, plans[-1].num_parts, 512) and lse.shape == o.shape[:2]
-    bigger = plan_verify(64, 8, 9, 64 * 9, DEVICE, num_splits=2 * plans[-1].num_splits + 1)  # more part rows
+    bigger = plan_verify(64, 8, 9, 64 * 9, TARGET, num_splits=2 * plans[-1].num_splits + 1)  # more part rows
     assert Workspace.part_rows(bigger) > product_max
     grown = shared_workspace(bigger, DEVICE)
     assert grown is not ws and grown.fits(bigger)  # grown; `ws` stays referenced for graphs captured on it
 
 
-@pytest.mark.parametrize("config_name", ["hopper"])
-def test_architecture_configs_match_reference(config_name):
-    """Configs chosen only on some GPUs (here: Hopper's 64-row tiles for requests of 64+ rows)
-    run on the CPU too, so their results are checked on every machine."""
-    from ddtree_kernels.configs import SHIPPED
-
-    config = dataclasses.replace(SHIPPED[config_name], min_chunk=64)
+def test_hopper_table_matches_reference():
+    """Tables chosen only on some GPUs (here: Hopper's 64-row tiles for requests of 64+ rows) run on every
+    target: on the CPU (the interpreter) and under sm_120 emulation its prefix_general tiles, on a Hopper GPU
+    its wgmma tile, so their results are checked on every machine."""
+    table = dataclasses.replace(HOPPER, min_chunk=64)
     case = make_case([0, 700, 1300], [9, 5, 9], 8, DEVICE)  # 72 rows a request: the wide tile
-    assert config.prefix_for(case.max_draft * 8) is config.prefix_wide
-    plan = plan_verify(3, 8, case.max_draft, case.q.shape[0], DEVICE, config=config)
+    plan = plan_verify(3, 8, case.max_draft, case.q.shape[0], TARGET, table=table)
+    assert plan.prefix_tile.block_m == 64
     assert_close(_run_planned(plan, case), case.reference()[0], case)
 
 
-@pytest.mark.parametrize("config_name", ["hopper", "sm120"])
+@pytest.mark.parametrize("table", [HOPPER, SM120], ids=["sm90", "sm120"])
 @pytest.mark.parametrize("separate_v", [False, True])
-def test_keys_major_fp8_tile_matches_reference(separate_v, config_name):
-    """The fp8 tiles score keys x rows and gather the values apart from the keys
-    (TileConfig.keys_major): a different softmax axis and value path, checked on every machine.
-    72 rows a request: the wide fp8 tile (64 rows on Hopper, 32 on sm_120) and an 8-row tail on
-    the 16-row one. Uneven chunks (1301 keys, 64-key minimum) put masked keys in the last tile
-    of a split. On a Hopper GPU with V in K, prefix_hopper's fp8 tile takes the call instead (its
-    8 tail rows in the block): the same case checks it there."""
-    from ddtree_kernels.configs import SHIPPED
-
-    # sm_120's fp8 tiles are prefix_mma_v2's where it runs: its keys-major tiles are their fallbacks.
-    config = dataclasses.replace(SHIPPED[config_name].with_fallbacks(), min_chunk=64)
-    assert config.prefix_fp8.keys_major
+def test_keys_major_fp8_tile_matches_reference(separate_v, table):
+    """The fp8 tiles score keys x rows and gather the values apart from the keys (Tile.keys_major): a
+    different softmax axis and value path, checked on every machine. 72 rows a request: the wide fp8 tile (64
+    rows on Hopper, 32 on sm_120) and an 8-row tail on the 16-row one. Uneven chunks (1301 keys, 64-key
+    minimum) put masked keys in the last tile of a split. Planned without the Gluon tiles (their rules are the
+    ones before), so the keys-major tiles run on a GPU too."""
+    table = dataclasses.replace(table, min_chunk=64)
+    target = dataclasses.replace(TARGET, gluon=False)
     case = make_case([0, 700, 1301], [9, 1, 5], 8, DEVICE, kv_dtype=FP8, separate_v=separate_v)
     kv_fp8, v_from_k = cache_layout(case.k_cache, case.v_cache)
     assert (kv_fp8, v_from_k) == (True, not separate_v)
-    plan = plan_verify(3, 8, case.max_draft, case.q.shape[0], DEVICE, config=config, kv_fp8=True, v_from_k=v_from_k)
-    launches = [tile for tile, _, _ in plan.prefix_launches()]
-    if plan.gluon and v_from_k and config.prefix_wide_fp8_gluon is not None:
-        assert launches == [config.prefix_wide_fp8_gluon]
-    else:
-        assert launches == [config.prefix_wide_fp8, config.prefix_fp8]
-        assert all(tile.keys_major for tile in launches)
+    plan = plan_verify(3, 8, case.max_draft, case.q.shape[0], target, table=table, kv_fp8=True, v_from_k=v_from_k)
+    tiles = [tile for tile, _, _ in plan.prefix_launches()]
+    assert [(t.kernel, t.block_m, t.keys_major) for t in tiles] == [
+        ("prefix_general", 64 if table.name == "sm90" else 32, True), ("prefix_general", 16, True)]
     assert_close(_run_planned(plan, case), case.reference()[0], case)
 
 
@@ -209,39 +201,38 @@ def test_a_plan_for_another_cache_layout_is_refused():
     """The plan's tile (and split count) depends on the cache: an fp8 call on a bf16 plan would
     run the wrong tile, so run_verify names the mismatch and the fix instead."""
     case = make_case([300], [9], 8, DEVICE, kv_dtype=FP8)
-    plan = plan_verify(1, 8, case.max_draft, case.q.shape[0], DEVICE)
+    plan = plan_verify(1, 8, case.max_draft, case.q.shape[0], TARGET)
     with pytest.raises(ValueError, match=r"plan_verify\(\.\.\., kv_fp8=True"):
         _run_planned(plan, case)
     kv_fp8, v_from_k = cache_layout(case.k_cache, case.v_cache)
     assert kv_fp8
-    fp8_plan = plan_verify(1, 8, case.max_draft, case.q.shape[0], DEVICE, kv_fp8=kv_fp8, v_from_k=v_from_k)
+    fp8_plan = plan_verify(1, 8, case.max_draft, case.q.shape[0], TARGET, kv_fp8=kv_fp8, v_from_k=v_from_k)
     assert_close(_run_planned(fp8_plan, case), case.reference()[0], case)
 
 
 @pytest.mark.parametrize("prefix,draft,heads,opts,kernel", [
     # GLM-5's rows (two 32-row blocks and an 8-row tail) with a ragged batch beside an empty prefix; 1301 keys
     # leave masked keys in the last tile of a split. The Gluon tiles where they run (a GPU, Triton 3.6-3.9),
-    # else their fallbacks: the chunked tiles for 16 bits, the keys-major ones for fp8.
+    # else the rules after them: the chunked tiles for 16 bits, the keys-major ones for fp8.
     ([0, 700, 1301], [9, 1, 5], 8, {}, "gluon"),
     ([0, 700, 1301], [9, 1, 5], 8, {"kv_dtype": FP8}, "gluon"),
     # decode: fp8 on the 16-key tile, two programs an SM; 16 bits on the 16-row tile
     ([2081, 5], [1, 1], 16, {"kv_dtype": FP8}, "gluon"),
     ([1301, 0, 700], [1, 1, 1], 8, {}, "gluon"),
-    ([900], [9], 8, {"d_v": 128, "d_rope": 32}, "prefix_chunked_kernel"),  # 32-column chunks
-    ([300], [5], 2, {"d_v": 64, "d_rope": 0}, "prefix_split_kernel"),  # no rope part: not the chunked tile
-    ([600], [9], 8, {"separate_v": True}, "prefix_split_kernel"),  # values apart from the keys
+    ([900], [9], 8, {"d_v": 128, "d_rope": 32}, "prefix_chunked"),  # 32-column chunks
+    ([300], [5], 2, {"d_v": 64, "d_rope": 0}, "prefix_general"),  # no rope part: not the chunked tile
+    ([600], [9], 8, {"separate_v": True}, "prefix_general"),  # values apart from the keys
 ])
 def test_sm120_tiles_match_reference(prefix, draft, heads, opts, kernel):
-    """sm_120's tiles (prefix_mma_v2.py for both caches, or their fallbacks: prefix_chunked.py's four score chains
-    and four value accumulators, prefix_split_kernel's keys-major fp8 tiles) and the caches they do not take, each
-    checked against the float64 reference on every machine."""
-    config = dataclasses.replace(SM120, min_chunk=64)
+    """sm_120's tiles (sm120/prefix_latent_split.py for both caches, or the rules after them: sm120/prefix_chunked.py's
+    four score chains and four value accumulators, prefix_general's keys-major fp8 tiles) and the caches they do not
+    take, each checked against the float64 reference on every machine."""
+    table = dataclasses.replace(SM120, min_chunk=64)
     case = make_case(prefix, draft, heads, DEVICE, **opts)
     kv_fp8, v_from_k = cache_layout(case.k_cache, case.v_cache)
-    plan = plan_verify(len(prefix), heads, case.max_draft, case.q.shape[0], DEVICE, config=config, kv_fp8=kv_fp8,
+    plan = plan_verify(len(prefix), heads, case.max_draft, case.q.shape[0], TARGET, table=table, kv_fp8=kv_fp8,
                        v_from_k=v_from_k, d_v=case.d_v, d_rope=opts.get("d_rope", 64))
     if kernel == "gluon":
-        fallback = "prefix_split_kernel" if kv_fp8 else "prefix_chunked_kernel"
-        kernel = "prefix_mma_v2_kernel" if plan.mma_v2(config.prefix) else fallback
+        kernel = "prefix_latent_split" if TARGET.compiled_gluon else "prefix_general" if kv_fp8 else "prefix_chunked"
     assert {launch.kernel for launch in plan.launches()[1:-1]} == {kernel}, plan.describe()
     assert_close(_run_planned(plan, case), case.reference()[0], case)

@@ -1,59 +1,33 @@
-"""sm_120 emulation: plans made for capability 12.0 with the host GPU's SM count, and the projection's model."""
+"""sm_120 emulation: plans made for sm_120's table with the host GPU's SM count, and the projection's model."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ddtree_kernels import launcher
-from ddtree_kernels.configs import config_for
+from ddtree_kernels.launcher import plan_verify
+from ddtree_kernels.target import Target
 from ddtree_tools.bench import RTX_PRO_6000, Case, projection
 
 
-class FakeGpu:
-    """A CUDA device whose facts the test sets (planning reads nothing else of it)."""
-
-    value: tuple = ((9, 0), 132)
-
-    def set(self, capability: tuple[int, int], sm_count: int) -> None:
-        self.value = (capability, sm_count)
-        launcher.plan_verify.cache_clear()  # plans are cached per shape: a real GPU never changes
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch):
-    session = launcher._EMULATED_CAPABILITY  # a GPU suite run under EMULATE=sm120 keeps its own
-    launcher.emulate_capability(None)
-    gpu = FakeGpu()
-    monkeypatch.setattr(launcher, "_real_device_facts", lambda device: gpu.value)
-    yield gpu
-    monkeypatch.undo()
-    launcher.emulate_capability(session)
+def test_an_emulated_target_is_sm120_with_this_gpus_sms():
+    h200 = Target((9, 0), 132, True)
+    emulated = Target.named("sm120", sms=h200.sms, gluon=h200.gluon)
+    sm120 = plan_verify(1, 8, 9, 9, emulated)
+    assert sm120.table.name == "sm120" and sm120.target.sms == 132
+    assert plan_verify(1, 8, 9, 9, h200).table.name == "sm90"
+    assert sm120.num_splits != plan_verify(1, 8, 9, 9, Target.named("sm120")).num_splits  # 132 SMs, not 188
 
 
-def _plan(**kw):
-    return launcher.plan_verify(1, 8, 9, 9, "cuda", **kw)
-
-
-def test_emulated_plan_is_the_sm120_plan_on_this_gpus_sms(fake_gpu):
-    fake_gpu.set((12, 0), 132)  # an sm_120 GPU with the H200's SM count
-    sm120 = _plan()
-    fake_gpu.set((9, 0), 132)  # the H200 itself
-    hopper = _plan()
-    launcher.emulate_capability((12, 0))
-    emulated = _plan()
-    assert emulated == sm120 and emulated.config == config_for((12, 0)) and not emulated.gluon
-    assert hopper.config == config_for((9, 0)) != emulated.config
-    launcher.emulate_capability(None)
-    assert _plan() == hopper  # undone, and the plan cache with it
-
-
-def test_emulation_keeps_the_gpus_sm_count(fake_gpu):
-    launcher.emulate_capability((12, 0))
-    fake_gpu.set((9, 0), 132)
-    on_h200 = _plan()
-    fake_gpu.set((9, 0), 188)
-    assert _plan().num_splits != on_h200.num_splits
+def test_emulating_needs_a_gpu():
+    if torch.cuda.is_available():
+        target = Target.emulating("sm120", "cuda")
+        assert target.capability == (12, 0) and target.sms == Target.detect("cuda").sms
+    else:
+        with pytest.raises(ValueError, match="needs a CUDA device"):
+            Target.emulating("sm120", "cpu")
+    with pytest.raises(ValueError, match="unknown GPU 'sm100'"):
+        Target.named("sm100")
 
 
 def test_projection_model():

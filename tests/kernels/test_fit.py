@@ -1,4 +1,4 @@
-"""Every shipped kernel configuration compiles for sm_120 and sm_90 and fits there.
+"""Every launch of every rule table compiles for sm_120 and sm_90 and fits there.
 
 Runs `python -m ddtree_tools.fit --json` in a child process: offline compilation
 needs the real Triton JIT, and this test session may have TRITON_INTERPRET=1 set.
@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from ddtree_kernels import gluon_shared
-from ddtree_kernels.configs import SHIPPED, SM120_SHARED_MEMORY
+from ddtree_kernels.selection import TABLES
+from ddtree_kernels.target import SHARED_MEMORY_LIMIT
+
+SM120_SHARED_MEMORY = SHARED_MEMORY_LIMIT[(12, 0)]
 
 
 @pytest.fixture(scope="module")
@@ -29,27 +32,26 @@ def fit_report() -> list[dict]:
     return json.loads(proc.stdout)
 
 
-def test_every_config_and_variant_was_compiled_for_both_targets(fit_report):
-    seen = {(r["config"], r["target"], r["kernel"]) for r in fit_report}
-    for name in SHIPPED:
+def test_every_table_and_variant_was_compiled_for_both_targets(fit_report):
+    seen = {(r["table"], r["target"], r["kernel"]) for r in fit_report}
+    for name in TABLES:
         for target in ("sm_120", "sm_90"):
             for kernel in ("prefix", "tree", "merge"):
                 assert (name, target, kernel) in seen
-    assert ("sm120", "sm_120", "prefix_chunked") in seen  # the 16-bit tile's fallback
+    assert ("sm120", "sm_120", "prefix_chunked") in seen  # the 16-bit rule without Gluon
     if not gluon_shared.unavailable_reason():
-        assert ("sm120", "sm_120", "prefix_mma_v2") in seen
+        assert ("sm120", "sm_120", "prefix_latent_split") in seen
     assert not [r for r in fit_report if r["error"]], [r for r in fit_report if r["error"]]
 
 
-def test_hopper_gluon_wide_tile_is_compiled_where_triton_builds_it(fit_report):
-    """The launcher runs prefix_hopper's kernel for HOPPER's wide tiles (bf16 and fp8) on the Triton releases
-    in gluon_shared.TESTED_TRITON: there both forms of each (with and without the fused row tail), and the
-    keys-major form of its narrow tiles (8 and 16 rows), and the bf16 wide tile with its row tail on a
-    warpgroup of its own (prefix_hopper_ws: 12 warps), must compile and fit sm_90 one program an SM;
-    elsewhere the fit report leaves them out (the launcher runs prefix.py's tiles). A bf16 wide tile
-    with a row tail always takes the warp-specialized form, so no plan launches its one-stream form."""
+def test_hopper_wgmma_tile_is_compiled_where_triton_builds_it(fit_report):
+    """Hopper's table runs the wgmma tile (bf16 and fp8) on the Triton releases in gluon_shared.TESTED_TRITON:
+    there both forms of each (with and without the fused row tail), and its keys-major form (8 and 16 rows),
+    and the bf16 wide tile with its row tail on a warpgroup of its own (prefix_wgmma_ws: 12 warps), must
+    compile and fit sm_90 one program an SM; elsewhere the fit report leaves them out. A bf16 wide tile with
+    a row tail always takes the warp-specialized form, so no plan launches its one-stream form."""
 
-    gluon = [r for r in fit_report if r["kernel"].startswith("prefix_gluon")]
+    gluon = [r for r in fit_report if r["kernel"].startswith("prefix_wgmma")]
     if gluon_shared.unavailable_reason():
         assert not gluon
         return
@@ -61,9 +63,9 @@ def test_hopper_gluon_wide_tile_is_compiled_where_triton_builds_it(fit_report):
                                                    "kv=fp8e4nv,v_from_k=True,narrow,rows=8",
                                                    "kv=fp8e4nv,v_from_k=True,wide,tail=0",
                                                    "kv=fp8e4nv,v_from_k=True,wide,tail=8"]
-    assert all(r["config"] == "hopper" and r["target"] == "sm_90" and r["fits"] for r in gluon), gluon
-    assert all(r["resident_ctas"] >= 1 for r in gluon), gluon
-    ws = [r for r in gluon if r["kernel"] == "prefix_gluon_ws"]
+    assert all(r["table"] == "sm90" and r["target"] == "sm_90" and r["fits"] for r in gluon), gluon
+    assert all(r["resident_programs"] >= 1 for r in gluon), gluon
+    ws = [r for r in gluon if r["kernel"] == "prefix_wgmma_ws"]
     assert [r["num_warps"] for r in ws] == [12], ws  # the block's 8 warps and the tail's 4
 
 
@@ -73,7 +75,7 @@ def test_dependent_launch_chain_is_compiled_in(fit_report):
     waiting on anything; each prefix launch lets the next one launch early and ends waiting on the
     grid before it; the merge waits before reading."""
     for r in fit_report:
-        where = f"{r['config']} {r['target']} {r['kernel']} {r['variant']}"
+        where = f"{r['table']} {r['target']} {r['kernel']} {r['variant']}"
         if r["kernel"].startswith("prefix"):
             assert r["launch_dependents"] >= 1 and r["grid_waits"] >= 1, where
         elif r["kernel"] == "tree":
@@ -87,7 +89,7 @@ def test_sm120_ptx_has_no_hopper_or_datacenter_blackwell_instructions(fit_report
     sm120 = [r for r in fit_report if r["target"] == "sm_120" and r["must_fit"]]
     assert sm120 and all("hopper_only" in r for r in sm120)
     assert [r for r in sm120 if r["hopper_only"]] == []
-    gluon = [r for r in fit_report if r["target"] == "sm_90" and r["kernel"].startswith("prefix_gluon")]
+    gluon = [r for r in fit_report if r["target"] == "sm_90" and r["kernel"].startswith("prefix_wgmma")]
     assert all(r["hopper_only"] > 0 for r in gluon)  # the count sees wgmma where it is
 
 
@@ -95,24 +97,24 @@ def test_sm120_shared_memory_and_no_spills(fit_report):
     sm120 = [r for r in fit_report if r["target"] == "sm_120" and r["must_fit"]]
     assert sm120
     for r in sm120:
-        assert r["shared"] <= SM120_SHARED_MEMORY, f"{r['config']} {r['kernel']} {r['variant']}: {r['shared']} B"
-        assert r["stack"] == 0 and r["local"] == 0, f"{r['config']} {r['kernel']} {r['variant']} spills"
+        assert r["shared"] <= SM120_SHARED_MEMORY, f"{r['table']} {r['kernel']} {r['variant']}: {r['shared']} B"
+        assert r["stack"] == 0 and r["local"] == 0, f"{r['table']} {r['kernel']} {r['variant']} spills"
 
 
-def test_every_config_a_target_can_choose_fits_it(fit_report):
+def test_every_launch_a_target_can_plan_fits_it(fit_report):
     bad = [r for r in fit_report if r["must_fit"] and not r["fits"]]
     assert not bad, bad
 
 
 def test_prefix_tiles_declare_the_occupancy_they_compile_to(fit_report):
-    """The planner sizes the grid in waves of `ctas_per_sm` programs an SM; a wrong figure
+    """The planner sizes the grid in waves of `programs_per_sm` programs an SM; a wrong figure
     leaves a tail wave (one program past a full wave doubles the call) or an idle half-GPU."""
     prefix = [r for r in fit_report if r["kernel"].startswith("prefix") and r["must_fit"]]
     assert prefix
     for r in prefix:
-        assert r["declared_ctas_per_sm"] == r["resident_ctas"], (
-            f"{r['config']} {r['target']} {r['variant']}: declares {r['declared_ctas_per_sm']} programs an SM, "
-            f"compiles to {r['resident_ctas']} ({r['registers']} registers, {r['shared']} B shared)"
+        assert r["declared_programs_per_sm"] == r["resident_programs"], (
+            f"{r['table']} {r['target']} {r['variant']}: declares {r['declared_programs_per_sm']} programs an SM, "
+            f"compiles to {r['resident_programs']} ({r['registers']} registers, {r['shared']} B shared)"
         )
 
 
@@ -124,5 +126,5 @@ def test_each_launch_reports_its_machine_code(fit_report):
     compiled = [r for r in fit_report if not r["error"]]
     assert compiled and all(re.fullmatch(r"[0-9a-f]{64}", r["sass_sha256"]) for r in compiled)
     trees = {r["variant"]: r["sass_sha256"] for r in compiled
-             if (r["config"], r["target"], r["kernel"]) == ("sm120", "sm_120", "tree")}
+             if (r["table"], r["target"], r["kernel"]) == ("sm120", "sm_120", "tree")}
     assert len(trees) == 3 and len(set(trees.values())) == 3  # each mask layout is its own program

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import ddtree_kernels as dk
-from ddtree_kernels import gluon_shared, masks, reference
+from ddtree_kernels import masks, reference
 from ddtree_kernels.launcher import plan_verify, reserve_workspace
 
-from .cases import assert_close, make_case
+from .cases import TARGET, assert_close, make_case
 
 pytestmark = [
     pytest.mark.gpu,
@@ -60,31 +60,28 @@ def _path(plan) -> str:
     """Which prefix kernel a plan runs, from its launches (VerifyPlan.launches)."""
     prefix = plan.launches()[1:-1]
     kernels = {launch.kernel for launch in prefix}
-    if kernels <= {"prefix_split_kernel", "prefix_chunked_kernel", "prefix_mma_v2_kernel"}:
+    if kernels <= {"prefix_general", "prefix_chunked", "prefix_latent_split"}:
         return "triton"
-    if "hopper.prefix_ws.prefix_wide_ws_kernel" in kernels:
+    if "hopper_wgmma_ws" in kernels:
         return "ws"
     return "narrow" if any("BLOCK_M 0 " in launch.tile for launch in prefix) else "wide"
 
 
 def _gluon_here() -> bool:
-    """Hopper's Gluon tiles run on this GPU and Triton (and no sm_120 emulation is on)."""
-    from ddtree_kernels import launcher
-
-    return (torch.cuda.get_device_capability() == (9, 0) and launcher._EMULATED_CAPABILITY is None
-            and not gluon_shared.unavailable_reason())
+    """Hopper's Gluon tiles run on the target the suite plans for (a Hopper GPU, not emulating sm_120)."""
+    return TARGET.capability == (9, 0) and TARGET.compiled_gluon
 
 
 @pytest.mark.parametrize("prefix,draft,heads,opts,hopper_path", LARGE, ids=lambda x: str(x)[:40])
 def test_large_cases_match_reference(prefix, draft, heads, opts, hopper_path):
     case = make_case(prefix, draft, heads, "cuda", **opts)
-    plan = plan_verify(len(prefix), heads, max(draft), sum(draft), "cuda", kv_fp8=opts.get("kv_dtype") == FP8)
+    plan = plan_verify(len(prefix), heads, max(draft), sum(draft), TARGET, kv_fp8=opts.get("kv_dtype") == FP8)
     assert _path(plan) == (hopper_path if _gluon_here() else "triton"), plan.describe()
     out = torch.full((case.q.shape[0], heads, 512), float("nan"), dtype=case.q.dtype, device="cuda")
     assert dk.sglang_verify_fwd(
         case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr,
         case.kv_indices, case.custom_mask, True, case.mask_indptr, case.max_draft,
-        case.k_scale, case.v_scale, case.sm_scale,
+        case.k_scale, case.v_scale, case.sm_scale, target=TARGET,
     )
     torch.cuda.synchronize()
     assert_close(out, case.reference()[0], case)
@@ -96,11 +93,11 @@ def test_no_host_synchronisation():
     scale = torch.tensor(case.k_scale, device="cuda")
     args = (case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr,
             case.kv_indices, case.custom_mask, True, case.mask_indptr, 9, scale, scale, case.sm_scale)
-    assert dk.sglang_verify_fwd(*args)  # compile outside the check
+    assert dk.sglang_verify_fwd(*args, target=TARGET)  # compile outside the check
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        assert dk.sglang_verify_fwd(*args)
+        assert dk.sglang_verify_fwd(*args, target=TARGET)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert_close(out, case.reference()[0], case)
@@ -147,10 +144,10 @@ def test_cuda_graph_replay_with_new_contents():
         return dk.sglang_verify_fwd(
             static["q"], static["k_draft"], static["v_draft"], static["out"], k_cache, k_cache[..., :d_v],
             static["qo"], static["kv"], static["kv_indices"], static["mask"], True, static["mask_indptr"], n,
-            1.0, 1.0, 1 / 16,
+            1.0, 1.0, 1 / 16, target=TARGET,
         )
 
-    plan = plan_verify(bs, H, n, T, "cuda")
+    plan = plan_verify(bs, H, n, T, TARGET)
     reserve_workspace([plan], "cuda")
     fill([max_prefix] * bs)
     assert call()  # warm-up compiles outside capture

@@ -1,4 +1,4 @@
-"""The sweep's tile specs: the shape by position, the kernel switches by name, old positional forms refused."""
+"""The sweep's tile specs: each number names a Tile field by its place, the kernel and switches by name."""
 
 from __future__ import annotations
 
@@ -6,22 +6,30 @@ import argparse
 
 import pytest
 
-from ddtree_kernels.configs import TileConfig
-from ddtree_tools.sweep import _tile
+from ddtree_kernels.rules import Tile
+from ddtree_tools.sweep import _tile, sweep_table
 
 
-def test_switches_are_named():
-    assert _tile("32x32x8x2x1+mma_v2") == TileConfig(32, 32, 8, 2, ctas_per_sm=1, mma_v2=True)
-    assert _tile("64x64x8x2x1+gluon+keys_major") == TileConfig(64, 64, 8, 2, 1, keys_major=True, gluon=True)
-    assert _tile("16x32x4x3") == TileConfig(16, 32, 4, 3)  # programs an SM default as TileConfig says
+def test_kernels_and_switches_are_named():
+    assert _tile("32x32x8x2x1+latent_split") == Tile("prefix_latent_split", 32, 32, 8, 2, programs_per_sm=1)
+    assert _tile("64x64x8x2x1+wgmma+keys_major") == Tile("hopper_wgmma", 64, 64, 8, 2, 1, keys_major=True)
+    assert _tile("16x32x4x3") == Tile("prefix_general", 16, 32, 4, 3, programs_per_sm=2)  # the sweep's default
 
 
 @pytest.mark.parametrize("spec, message", [
     ("16x32x8x2x1x0x0x0x1", "write MxNxWARPSxSTAGES"),  # the old positional switches
     ("16x32", "write MxNxWARPSxSTAGES"),
-    ("16x32x4x3+wgmma", "unknown switch wgmma"),
-    ("16x32x4x3+fallback", "unknown switch fallback"),  # a field, but not a switch
+    ("16x32x4x3+mma_v2", "unknown switch mma_v2"),  # the kernel's old name
+    ("16x32x4x3+chunked+wgmma", "two kernels"),
 ])
 def test_bad_specs_name_the_form(spec, message):
     with pytest.raises(argparse.ArgumentTypeError, match=message):
         _tile(spec)
+
+
+def test_a_sweep_is_a_rule_table():
+    narrow, wide = _tile("16x32x4x3"), _tile("64x64x8x2x1+wgmma")
+    table = sweep_table(narrow, wide=wide, tail_max=32, tail_partition=True, merge=(64, 32))
+    assert [r.tile.kernel for r in table.rules] == ["hopper_wgmma", "prefix_general"]
+    assert table.rules[0].tail == narrow and table.rules[0].tile.option("tail_partition")
+    assert (table.merge_block_d, table.merge_block_s) == (64, 32)

@@ -15,9 +15,7 @@ from ddtree_kernels import sglang_adapter
 from ddtree_kernels.sglang.verify_stats import STATS_DIR_ENV, VerifyStats
 from ddtree_ops.smoke import read_verify_stats
 
-from .cases import make_case
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from .cases import DEVICE, TARGET, make_case
 
 
 @pytest.fixture
@@ -32,7 +30,7 @@ def _call(case, **kwargs) -> bool:
     out = torch.zeros(case.q.shape[0], case.q.shape[1], 512, dtype=case.q.dtype, device=case.q.device)
     return dk.sglang_verify_fwd(case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache,
                                 case.qo_indptr, case.kv_indptr, case.kv_indices, case.custom_mask, True,
-                                case.mask_indptr, case.max_draft, 1.0, 1.0, case.sm_scale, **kwargs)
+                                case.mask_indptr, case.max_draft, 1.0, 1.0, case.sm_scale, **kwargs, target=TARGET)
 
 
 def test_served_and_declined_calls_are_counted_and_read_back(stats, tmp_path, caplog):

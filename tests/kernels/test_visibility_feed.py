@@ -18,9 +18,8 @@ import ddtree_kernels as dk
 from ddtree_kernels.flat_mask import write_sglang_flat_mask
 from ddtree_kernels.sglang import triton_backend
 
-from .cases import assert_close, make_case
+from .cases import DEVICE, TARGET, assert_close, make_case
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 N = 5  # DDTree verifies the same width for every request of a batch
 WIDTH = 9  # the worker's buffers: budget + 1 wide
 
@@ -103,7 +102,7 @@ def test_hook_reads_the_visibility_rows_as_the_flat_mask():
         mask = kwargs.pop("custom_mask")
         assert dk.sglang_verify_fwd(case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache,
                                     case.qo_indptr, case.kv_indptr, case.kv_indices, mask, False,
-                                    case.mask_indptr, N, 1.0, 1.0, case.sm_scale, **kwargs)
+                                    case.mask_indptr, N, 1.0, 1.0, case.sm_scale, **kwargs, target=TARGET)
         assert_close(out, ref, case)
         outs.append(out)
     assert torch.equal(outs[0], outs[1])

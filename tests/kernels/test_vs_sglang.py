@@ -14,9 +14,7 @@ import ddtree_kernels as dk
 from ddtree_ops.wheels import sglang_wheel
 from ddtree_tools.sglang_wheel import load_sglang_attention
 
-from .cases import make_case
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from .cases import DEVICE, TARGET, make_case
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +29,7 @@ def test_matches_sglang_extend_attention(sglang_extend, tree):
     assert dk.sglang_verify_fwd(
         case.q, case.k_draft, case.v_draft, ours, case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr,
         case.kv_indices, case.custom_mask, True, case.mask_indptr, case.max_draft, 1.0, 1.0, case.sm_scale,
+        target=TARGET,
     )
     theirs = torch.zeros(22, 2, 512, dtype=torch.float32, device=DEVICE)
     sglang_extend(

@@ -81,6 +81,7 @@ def ddtree_backend_class(base: type) -> type:
 
     from ..flat_mask import write_sglang_flat_mask
     from ..sglang_adapter import sglang_verify_fwd
+    from ..target import Target
 
     hook = torch.compiler.disable(sglang_verify_fwd)  # as SGLang wraps its own verify kernels
     hook_args = inspect.signature(sglang_verify_fwd)
@@ -99,6 +100,8 @@ def ddtree_backend_class(base: type) -> type:
             self.use_verify_splitkv = True
             self.use_verify_shared_kv = False  # 0.5.18+: prefer our hook over the chain-only kernel
             self.verify_splitkv_fwd = self._ddtree_verify
+            self.ddtree_target = Target.detect(self.device)
+            self.ddtree_workspace = None  # reserved with the CUDA-graph state, for every captured batch size
             self._tree_rows = None  # the verify in flight's tree as [T, stride] uint8 rows, or None
             self._graph_tree_rows = None
             self._graph_feeds_visibility = False  # set at capture: replays feed the captured rows
@@ -115,6 +118,7 @@ def ddtree_backend_class(base: type) -> type:
                 self.cuda_graph_custom_mask = mask.new_zeros(need)
             width = max(1, self.ddtree_verify_width)
             self._graph_tree_rows = torch.zeros((max_num_tokens, width), dtype=torch.uint8, device=self.device)
+            self.ddtree_workspace = reserve_verify_workspace(self, max_bs)
 
         def init_forward_metadata(self, forward_batch):
             super().init_forward_metadata(forward_batch)
@@ -151,7 +155,8 @@ def ddtree_backend_class(base: type) -> type:
 
         def _ddtree_verify(self, *args, **kwargs):
             tree_rows = self._tree_rows
-            if hook(*args, tree_visibility=tree_rows, **kwargs):
+            if hook(*args, tree_visibility=tree_rows, target=self.ddtree_target, workspace=self.ddtree_workspace,
+                    **kwargs):
                 return True
             if tree_rows is not None:
                 # SGLang's own path runs next and reads the flat mask (forward_metadata.custom_mask,
@@ -227,6 +232,28 @@ def _fill_kv_indptr_and_indices(self, bs, seq_lens, req_pool_indices, kv_indices
     kv_indptr[1:] = torch.cumsum(seq_lens, dim=0)
     fill_kv_indices(self.req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices, bs=bs)
     return kv_indptr
+
+
+def reserve_verify_workspace(backend, max_bs: int):
+    """A workspace that fits this backend's verify at every batch size up to max_bs (allocated before graph
+    capture, reused by every call), or None, logged, where the pool's layout cannot be read (the hook then
+    uses the shared workspace)."""
+    from ..launcher import Workspace, cache_layout, plan_verify
+
+    try:
+        pool = backend.token_to_kv_pool
+        layer = int(getattr(pool, "start_layer", 0) or 0)
+        k_buf, v_buf = pool.get_key_buffer(layer), pool.get_value_buffer(layer)
+        kv_fp8, v_from_k = cache_layout(k_buf, v_buf)
+        d_v, width, heads = int(v_buf.shape[-1]), max(1, int(backend.ddtree_verify_width)), int(backend.num_head)
+        plans = [plan_verify(bs, heads, width, bs * width, backend.ddtree_target, d_v=d_v,
+                             d_rope=int(k_buf.shape[-1]) - d_v, kv_fp8=kv_fp8, v_from_k=v_from_k)
+                 for bs in range(1, max(1, int(max_bs)) + 1)]
+        return Workspace.for_plans(plans, backend.device)
+    except Exception as exc:  # a stand-in pool or another layout: the shared workspace still serves
+        logger.warning("ddtree-sm120: no verify workspace reserved (%s: %s); using the shared one",
+                       type(exc).__name__, exc)
+        return None
 
 
 _described: set[tuple] = set()

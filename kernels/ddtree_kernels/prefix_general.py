@@ -12,7 +12,7 @@ Each program writes a normalised partial output and its base-2 log-sum-exp;
 
 A launch covers the rows from `row_base` on, so a plan can give a request's row tail (the rows
 past its last whole wide block) a launch of its own on a narrower tile (VerifyPlan.prefix_launches).
-On sm_120 these tiles run where the Gluon ones of prefix_mma_v2.py cannot (Triton 3.5, the
+On sm_120 these tiles run where the Gluon ones of sm120/prefix_latent_split.py cannot (Triton 3.5, the
 interpreter) and for a cache whose values are not in the keys.
 """
 
@@ -70,7 +70,7 @@ def prefetch_slots(slots, lo, hi):
 
 
 @triton.jit
-def prefix_split_kernel(
+def prefix_general_kernel(
     Q, K_buf, V_buf, kv_indices, qo_indptr, kv_indptr,
     O_part, LSE_part,
     k_scale, v_scale, qk_scale_log2, min_chunk, row_base,
@@ -144,7 +144,7 @@ def prefix_split_kernel(
         # KEYS_MAJOR (the fp8 tiles): scores as k·qᵀ with the key tile the untransposed left
         # operand, and values gathered on their own. Each 8-bit tile then has one use, and Triton's
         # pipeliner gathers all three asynchronously; shared by two dots, the key tile is loaded
-        # synchronously (configs.TileConfig.keys_major).
+        # synchronously (rules.Tile.keys_major).
         if V_FROM_K and not KEYS_MAJOR:
             v = k_nope
         else:

@@ -1,6 +1,6 @@
 """The Gluon wide tile, warp-specialized, for Hopper: one warpgroup scores, two accumulate, one takes the row tail.
 
-In `prefix_hopper`'s wide tile the 8-row tail (GLM-5: 72 rows = 64 + 8) runs in the same
+In `prefix_wgmma`'s wide tile the 8-row tail (GLM-5: 72 rows = 64 + 8) runs in the same
 instruction stream as the 64-row block, after it, on every key tile, and the block's two
 warpgroups each score half the keys. Here the work of a key tile is split over three
 partitions (`gl.warp_specialize`) that hand the shared key stages over through mbarriers:
@@ -27,9 +27,9 @@ value partition the other half (normalised with the scorer's factors, `final`), 
 spent key stage so a warp stores whole 512-byte rows; the tail its rows. The merge is unchanged.
 Registers (setmaxnreg): the scorer 240 a thread, the value partition 184, the tail 80.
 
-Same grid, arguments and partial outputs as `prefix_hopper.prefix_wide_hopper_kernel`, launched with
+Same grid, arguments and partial outputs as `prefix_wgmma.prefix_wgmma_kernel`, launched with
 KERNEL_WARPS warps; a bf16 or fp16 cache whose values are the keys' first D_V columns, D_V = 512,
-D_R = 64, BLOCK_M 64 with a row tail (TAIL_N > 0). Triton 3.6-3.9 on an sm_90 GPU, as `prefix_hopper`.
+D_R = 64, BLOCK_M 64 with a row tail (TAIL_N > 0). Triton 3.6-3.9 on an sm_90 GPU, as `prefix_wgmma`.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ if not unavailable_reason():
         warpgroup_mma_wait,
     )
 
-    from .prefix import (
+    from .prefix_wgmma import (
         _cta_barrier,
         _dequant_scales,
         _gather_ahead,
@@ -269,7 +269,7 @@ if not unavailable_reason():
                     offs_t < row_end, split, stride_or, stride_op, stride_lr, D_V, 1, ST_LAYOUT)
 
     @gluon.jit
-    def prefix_wide_ws_kernel(
+    def prefix_wgmma_ws_kernel(
         Q, K_buf, kv_indices, qo_indptr, kv_indptr,
         O_part, LSE_part,
         k_scale, v_scale, qk_scale_log2, min_chunk, split_reserve, late_keys, row_base, row_stride,
@@ -281,7 +281,7 @@ if not unavailable_reason():
     ):
         gl.static_assert(num_warps == 4 and BLOCK_M == 64 and BLOCK_N == 64 and D_R == 64 and TAIL_N > 0,
                          "a 4-warp scorer (64 rows, P in a [BLOCK_N, D_R] rope buffer) and a row tail")
-        gl.static_assert(not KV_FP8, "a 16-bit cache: an fp8 one takes prefix_hopper's kernel")
+        gl.static_assert(not KV_FP8, "a 16-bit cache: an fp8 one takes prefix_wgmma's kernel")
         if USE_PDL:
             _grid_dependency(False)
         split, q_start, n_rows, kv_start, first_row, row_end, lo, hi = _program_work(

@@ -18,9 +18,9 @@ repeats another's work:
 - A 16-bit cache's key tile is gathered by cp.async, chunk-major ([SLICES, BLOCK_N, 128] values and
   [SLICES, BLOCK_N, 16] rope), into two stages: the next tile lands while this one is used. An fp8
   cache's next tile is loaded into registers (half the bytes) and widened to fp16 into the other
-  stage at the end of the iteration; the MMAs then run in fp16, as `prefix_split_kernel`'s fp8 tiles.
+  stage at the end of the iteration; the MMAs then run in fp16, as `prefix_general_kernel`'s fp8 tiles.
 
-Same grid, partial outputs and LSEs as `prefix_split_kernel` (merge.py combines them), for a
+Same grid, partial outputs and LSEs as `prefix_general_kernel` (merge.py combines them), for a
 cache whose values are the keys' first D_V = 512 columns, D_R = 64. It runs where
 `gluon_shared.unavailable_reason()` is empty (Triton 3.6-3.9); the launcher falls back to the
 tile's `fallback` everywhere else, the interpreter included.
@@ -28,14 +28,14 @@ tile's `fallback` everywhere else, the interpreter included.
 
 from __future__ import annotations
 
-from .gluon_shared import _GLUON_ERROR, unavailable_reason
+from ..gluon_shared import _GLUON_ERROR, unavailable_reason
 
 if not _GLUON_ERROR:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-    from .gluon_shared import (
+    from ..gluon_shared import (
         _async_gather,
         _cta_barrier,
         _dequant_scales,
@@ -266,7 +266,7 @@ if not _GLUON_ERROR:
                  mask=gl.expand_dims(gl.expand_dims(r < row_end, 0), 2))
 
     @gluon.jit
-    def prefix_mma_v2_kernel(
+    def prefix_latent_split_kernel(
         Q, K_buf, kv_indices, qo_indptr, kv_indptr,
         O_part, LSE_part,
         k_scale, v_scale, qk_scale_log2, min_chunk, row_base,

@@ -1,6 +1,6 @@
 """Hopper's prefix tiles, written in Gluon: 64 rows (or a few, keys-major), wgmma, explicit gather pipeline.
 
-`prefix.py`'s tile, written with `tl.dot`, leaves the GLM-5 shape at ~30% of its floor on
+`prefix_general.py`'s tile, written with `tl.dot`, leaves the GLM-5 shape at ~30% of its floor on
 the H200: Triton splits the 64 x BLOCK_N scores across the two warpgroups, so every key
 tile's softmax is exchanged between them through shared memory and barriers, and each
 wgmma descriptor is rebuilt in the loop (1,477 instructions a warp a 64-key step, 76 of them
@@ -17,25 +17,25 @@ out of the compiler's hands:
 - With TAIL_N, each row block also takes up to TAIL_N rows past its BLOCK_M (GLM-5: 72 = 64
   + 8; 144 rows: two blocks of 72) on the same key tiles, keys-major so that its few rows
   are wgmma's N: a second launch for them would read the whole prefix again
-  (hopper.plan.fused_tail_rows).
+  (VerifyPlan.fused_tail_rows).
 - The queries' shared-memory descriptors are rebuilt in the loop (`_opaque_zero`): hoisted,
   the 72 of them spilled to local memory, and the reloads stalled every step.
 - An fp8 cache (KV_FP8) is gathered into 8-bit stages and each tile widened once into one
-  fp16 tile that all the wgmmas read (the queries are fp16 too, as in prefix.py's fp8 tiles);
+  fp16 tile that all the wgmmas read (the queries are fp16 too, as in prefix_general.py's fp8 tiles);
   the 8-bit stage is free after the widening, so its gather runs NUM_STAGES tiles ahead.
 - With BLOCK_M 0 there is no 64-row block: a request of at most TAIL_N rows (decode: 8) runs
   the keys-major form alone, on one warpgroup or two, so a few rows do not pay for 64 on the
-  tensor cores (configs: prefix_narrow_gluon).
+  tensor cores (hopper/rules.py, rules 1-2).
   On an fp8 cache that form (`_attend_rows_fp8`) loads each wgmma's left operand, the key tile
   or its transpose, from the 8-bit stage into registers and widens it there: no 16-bit tile in
   shared memory, so two programs share an SM. The values' operand is read with matrix loads
   (`_value_pairs`) as soon as the scores are in, so the stage takes the tile after next while the
   softmax and the values run.
 
-Same grid and partial outputs as `prefix_split_kernel` (merge.py combines them), for a
+Same grid and partial outputs as `prefix_general_kernel` (merge.py combines them), for a
 bf16/fp16/fp8 cache whose values are the keys' first D_V columns, D_V = 512 and D_R = 64
 (GLM-5, DeepSeek). It runs on Triton 3.6-3.9 and an sm_90 GPU; the launcher falls back to
-`prefix_split_kernel` everywhere else (`hopper.plan.gluon_supports`).
+`prefix_general_kernel` everywhere else (`hopper.launch.wgmma_supports`).
 """
 
 from __future__ import annotations
@@ -312,7 +312,7 @@ if not _GLUON_ERROR:
                                                      warps_per_cta=[WARPS, 1], order=[1, 0])
         if KV_FP8:
             # 8-bit rows: 16-byte vectors of 16 values, a row's D_V columns across a warp. The dots
-            # run in fp16 (as prefix.py's fp8 tiles): each gathered tile is widened once into a
+            # run in fp16 (as prefix_general.py's fp8 tiles): each gathered tile is widened once into a
             # 16-bit tile that both wgmmas read, so the 8-bit stages are free one step sooner and
             # the gather runs NUM_STAGES tiles ahead instead of NUM_STAGES - 1.
             G_NOPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[1, 32],
@@ -542,7 +542,7 @@ if not _GLUON_ERROR:
                     offs_t < row_end, split, stride_or, stride_op, stride_lr, D_V, 1, ST_LAYOUT, True)
 
     @gluon.jit
-    def prefix_wide_hopper_kernel(
+    def prefix_wgmma_kernel(
         Q, K_buf, kv_indices, qo_indptr, kv_indptr,
         O_part, LSE_part,
         k_scale, v_scale, qk_scale_log2, min_chunk, split_reserve, late_keys, row_base, row_stride,
@@ -589,5 +589,5 @@ if not _GLUON_ERROR:
                               kv_start, lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or,
                               stride_op, stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, NUM_STAGES, 0, KV_FP8, num_warps)
         if USE_PDL:
-            # As in prefix_split_kernel: complete only after the launch this one depends on.
+            # As in prefix_general_kernel: complete only after the launch this one depends on.
             _grid_dependency(True)

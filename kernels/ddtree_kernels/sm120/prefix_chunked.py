@@ -1,15 +1,15 @@
 """Split-KV prefix attention with the score reduction cut into four independent chunks.
 
-The tile for GPUs without wgmma (sm_120, and Hopper's fallback). In `prefix_split_kernel` each
+The tile for GPUs without wgmma (sm_120, and Hopper's fallback). In `prefix_general_kernel` each
 warp scores its keys with one chain of 36 dependent mma.sync down the 576-wide latent, and with
 one program an SM (all that sm_120's 99 KB of shared memory allows) nothing hides that chain's
 latency. Here the latent's value part is gathered as four column chunks of D_V / 4: the scores
 are four chains of a quarter the length (plus the rope part's), which the compiler interleaves,
 and each chunk of values, read from the same tile, has its own accumulator.
 
-Same grid, partial outputs and LSEs as `prefix_split_kernel` (merge.py combines them). A 16-bit
+Same grid, partial outputs and LSEs as `prefix_general_kernel` (merge.py combines them). A 16-bit
 cache whose values are the first D_V columns of the key rows (SGLang's MLA pool), D_V / 4 and
-D_R powers of two (launcher.chunked_supported); fp8 caches keep prefix_split_kernel's keys-major
+D_R powers of two (registry.chunked_supports); fp8 caches keep prefix_general_kernel's keys-major
 tiles, which measured faster.
 """
 
@@ -17,8 +17,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .prefix import load_scale, prefetch_slots, split_bounds
-from .tile import dot_operand, raise_running_max
+from ..prefix_general import load_scale, prefetch_slots, split_bounds
+from ..tile import dot_operand, raise_running_max
 
 
 @triton.jit
@@ -51,7 +51,7 @@ def prefix_chunked_kernel(
 ):
     CW: tl.constexpr = D_V // 4
     if USE_PDL:
-        gdc_launch_dependents()  # as in prefix_split_kernel
+        gdc_launch_dependents()  # as in prefix_general_kernel
     row_block = tl.program_id(0)
     split = tl.program_id(1)
     req = tl.program_id(2)
@@ -91,9 +91,9 @@ def prefix_chunked_kernel(
     if PREFETCH_L2:
         lo += prefetch_slots(kv_indices + kv_start, lo, hi)
 
-    # Slot indices one tile ahead of their gather, as prefix_split_kernel. At 2 stages the 64-key tile
+    # Slot indices one tile ahead of their gather, as prefix_general_kernel. At 2 stages the 64-key tile
     # still has one buffer (all that fits beside the queries), so each gather waits for the tile
-    # before it to be used up: the wait prefix_mma_v2's two stages remove.
+    # before it to be used up: the wait prefix_latent_split's two stages remove.
     offs_tile = tl.arange(0, BLOCK_N)
     slot = tl.load(kv_indices + kv_start + lo + offs_tile, mask=lo + offs_tile < hi, other=0).to(tl.int64)
     for start in range(lo, hi, BLOCK_N):
@@ -132,4 +132,4 @@ def prefix_chunked_kernel(
     tl.store(LSE_part + rows.to(tl.int64) * stride_lr + split, tl.where(seen, m_i + tl.log2(l_safe), float("-inf")),
              mask=row_ok)
     if USE_PDL:
-        gdc_wait()  # as in prefix_split_kernel
+        gdc_wait()  # as in prefix_general_kernel
