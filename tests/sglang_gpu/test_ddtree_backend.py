@@ -187,6 +187,23 @@ def test_drafter_call_shape_is_served(sg, stats):
     _close_to_sglang(ours, _eager(make_backend(sg, run, "sglang"), case, layer), reference, 2e-2, fp8=False)
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, FP8], ids=["bf16", "fp8"])
+def test_the_backend_owns_a_workspace_for_every_captured_batch_size(sg, kv_dtype):
+    """Read from SGLang's real MLA pool: the cache dtype and value layout, D_V 512 + 64; one workspace that
+    every verify plan up to the captured batch size fits, passed to the hook with the backend's target."""
+    from ddtree_kernels.launcher import Workspace, plan_verify
+    from ddtree_kernels.sglang.triton_backend import reserve_verify_workspace
+
+    layout = Layout(heads=8, kv_dtype=kv_dtype, budget=8, pool_tokens=4_096, context_len=2_048)
+    backend = make_backend(sg, runner(sg, layout, DEVICE), "ddtree")
+    workspace = reserve_verify_workspace(backend, 4)
+    assert isinstance(workspace, Workspace) and workspace.d_v == 512
+    n = backend.ddtree_verify_width
+    plans = [plan_verify(bs, 8, n, bs * n, backend.ddtree_target, kv_fp8=kv_dtype == FP8) for bs in range(1, 5)]
+    assert all(workspace.fits(plan) for plan in plans)
+    assert workspace.lse_flat.numel() == max(Workspace.part_rows(plan) for plan in plans)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, FP8], ids=["bf16", "fp8"])
 def test_cuda_graph_capture_then_replay_new_trees_prefixes_and_slots(sg, stats, kv_dtype):
