@@ -50,8 +50,13 @@ def chunked_supports(target: Target, shape: VerifyShape) -> bool:
 
 
 def latent_split_supports(target: Target, shape: VerifyShape) -> bool:
-    """A Triton that builds the Gluon tile, compiled; values in the keys, D_V 512, D_R 64, 16-bit or fp8."""
-    return target.compiled_gluon and shape.v_from_k and shape.d_v == 512 and shape.d_rope == 64
+    """A Triton that builds the Gluon tile, compiled; a 16-bit cache with values in the keys, D_V 512, D_R 64."""
+    return target.compiled_gluon and not shape.kv_fp8 and shape.v_from_k and shape.d_v == 512 and shape.d_rope == 64
+
+
+def latent_split_fp8_supports(target: Target, shape: VerifyShape) -> bool:
+    """The same for an fp8 cache."""
+    return target.compiled_gluon and shape.kv_fp8 and shape.v_from_k and shape.d_v == 512 and shape.d_rope == 64
 
 
 def _prefix_scalars(plan, row_base: int) -> tuple[tuple[str, int], ...]:
@@ -76,9 +81,8 @@ def _chunked_launch(plan, tile: Tile, row_base: int, row_blocks: int) -> Launch:
 
 
 def _latent_split_launch(plan, tile: Tile, row_base: int, row_blocks: int) -> Launch:
-    return Launch("prefix_latent_split", (row_blocks, plan.num_splits, plan.batch_size),
-                  (*plan.dims(), ("BLOCK_M", tile.block_m), ("BLOCK_N", tile.block_n), ("KV_FP8", plan.kv_fp8),
-                   ("USE_PDL", plan.pdl)),
+    return Launch(tile.kernel, (row_blocks, plan.num_splits, plan.batch_size),
+                  (*plan.dims(), ("BLOCK_M", tile.block_m), ("BLOCK_N", tile.block_n), ("USE_PDL", plan.pdl)),
                   _prefix_scalars(plan, row_base), tile.num_warps, tile.num_stages, tile.programs_per_sm, row_base,
                   "(Gluon mma.sync, latent split)")
 
@@ -115,6 +119,9 @@ KERNELS: dict[str, KernelEntry] = {entry.name: entry for entry in (
     KernelEntry("prefix_latent_split", getattr(prefix_latent_split, "prefix_latent_split_kernel", None),
                 latent_split_supports, _latent_split_launch, gluon=True, compile_variants=_GLUON_VARIANTS,
                 label="prefix_latent_split", needs="Gluon, compiled, V in K, D 512+64"),
+    KernelEntry("prefix_latent_split_fp8", getattr(prefix_latent_split, "prefix_latent_split_fp8_kernel", None),
+                latent_split_fp8_supports, _latent_split_launch, gluon=True, compile_variants=_GLUON_VARIANTS,
+                label="prefix_latent_split_fp8", needs="Gluon, compiled, V in K, D 512+64"),
     *HOPPER_ENTRIES,
     KernelEntry("merge", merge_parts_kernel, _always, _merge_launch, label="merge",
                 compile_variants=((("STORE_LSE", True),),)),

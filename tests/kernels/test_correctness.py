@@ -233,6 +233,7 @@ def test_sm120_tiles_match_reference(prefix, draft, heads, opts, kernel):
     plan = plan_verify(len(prefix), heads, case.max_draft, case.q.shape[0], TARGET, table=table, kv_fp8=kv_fp8,
                        v_from_k=v_from_k, d_v=case.d_v, d_rope=opts.get("d_rope", 64))
     if kernel == "gluon":
-        kernel = "prefix_latent_split" if TARGET.compiled_gluon else "prefix_general" if kv_fp8 else "prefix_chunked"
+        gluon = "prefix_latent_split_fp8" if kv_fp8 else "prefix_latent_split"
+        kernel = gluon if TARGET.compiled_gluon else "prefix_general" if kv_fp8 else "prefix_chunked"
     assert {launch.kernel for launch in plan.launches()[1:-1]} == {kernel}, plan.describe()
     assert_close(_run_planned(plan, case), case.reference()[0], case)

@@ -26,8 +26,9 @@ def test_sm120_runs_no_hopper_kernel(gluon):
         plan = _plan(heads, draft, gluon=gluon, kv_fp8=fp8)
         kernels = [launch.kernel for launch in plan.launches()]
         fallback = "prefix_general" if fp8 else "prefix_chunked"
+        latent = "prefix_latent_split_fp8" if fp8 else "prefix_latent_split"
         assert kernels[0] == "tree" and kernels[-1] == "merge"
-        assert set(kernels[1:-1]) == {"prefix_latent_split" if gluon else fallback}, kernels
+        assert set(kernels[1:-1]) == {latent if gluon else fallback}, kernels
         # fp8 decode (up to 16 rows) takes the 16-key tile, two programs an SM; every other tile fills an SM
         resident = 2 if fp8 and heads * draft <= 16 else 1
         assert all(launch.programs_per_sm == resident for launch in plan.launches()[1:-1])
@@ -40,7 +41,7 @@ def test_sm120_gluon_tiles_and_the_rules_after_them_share_the_plan(fp8):
     and the 8 rows past them on a 16-row block in a second launch."""
     gluon = _plan(8, 9, kv_fp8=fp8).launches()[1:-1]
     fallback = _plan(8, 9, gluon=False, kv_fp8=fp8).launches()[1:-1]
-    assert [launch.kernel for launch in gluon] == ["prefix_latent_split"] * 2
+    assert [launch.kernel for launch in gluon] == ["prefix_latent_split_fp8" if fp8 else "prefix_latent_split"] * 2
     assert [launch.kernel for launch in fallback] == ["prefix_general" if fp8 else "prefix_chunked"] * 2
     assert [launch.grid for launch in gluon] == [launch.grid for launch in fallback]
     assert [(launch.grid[0], launch.row_base) for launch in gluon] == [(2, 0), (1, 64)]
@@ -58,7 +59,7 @@ def test_sm120_fp8_decode_takes_two_small_programs_an_sm():
     for heads, draft in [(8, 1), (16, 1), (8, 2)]:
         plan = _plan(heads, draft, kv_fp8=True)
         (launch,) = plan.launches()[1:-1]
-        assert launch.kernel == "prefix_latent_split" and launch.programs_per_sm == 2
+        assert launch.kernel == "prefix_latent_split_fp8" and launch.programs_per_sm == 2
         assert (dict(launch.constexprs)["BLOCK_M"], dict(launch.constexprs)["BLOCK_N"]) == (16, 16)
         assert plan.num_splits == 2 * _plan(heads, draft, kv_fp8=True, table=no_small).num_splits
         (fallback,) = _plan(heads, draft, gluon=False, kv_fp8=True).launches()[1:-1]

@@ -60,7 +60,7 @@ def _path(plan) -> str:
     """Which prefix kernel a plan runs, from its launches (VerifyPlan.launches)."""
     prefix = plan.launches()[1:-1]
     kernels = {launch.kernel for launch in prefix}
-    if kernels <= {"prefix_general", "prefix_chunked", "prefix_latent_split"}:
+    if kernels <= {"prefix_general", "prefix_chunked", "prefix_latent_split", "prefix_latent_split_fp8"}:
         return "triton"
     if "hopper_wgmma_ws" in kernels:
         return "ws"

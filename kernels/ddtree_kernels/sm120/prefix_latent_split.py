@@ -20,15 +20,20 @@ repeats another's work:
   cache's next tile is loaded into registers (half the bytes) and widened to fp16 into the other
   stage at the end of the iteration; the MMAs then run in fp16, as `prefix_general_kernel`'s fp8 tiles.
 
+Two entry points, one a cache dtype: `prefix_latent_split_kernel` (16-bit, cp.async stages) and
+`prefix_latent_split_fp8_kernel` (fp8, widened through registers). They share the queries, the score
+MMAs, the softmax step, the value MMA and the store (`_scores`, `_softmax_step`, `_accumulate`,
+`_store_partial`) and differ only in how a key tile reaches shared memory.
+
 Same grid, partial outputs and LSEs as `prefix_general_kernel` (merge.py combines them), for a
 cache whose values are the keys' first D_V = 512 columns, D_R = 64. It runs where
-`gluon_shared.unavailable_reason()` is empty (Triton 3.6-3.9); the launcher falls back to the
-tile's `fallback` everywhere else, the interpreter included.
+`gluon_shared.unavailable_reason()` is empty (Triton 3.6-3.9); elsewhere, the interpreter included,
+the rule after its rule takes its calls (sm120/rules.py).
 """
 
 from __future__ import annotations
 
-from ..gluon_shared import _GLUON_ERROR, unavailable_reason
+from ..gluon_shared import _GLUON_ERROR
 
 if not _GLUON_ERROR:
     from triton.experimental import gluon
@@ -45,12 +50,6 @@ if not _GLUON_ERROR:
     )
 
     SLICES = gl.constexpr(4)  # latent slices, one a group of warps
-
-
-def supports(*, v_from_k: bool, d_v: int, d_rope: int) -> bool:
-    """The kernel serves this cache with the installed Triton (gluon_shared.unavailable_reason): 16-bit or
-    fp8 e4m3 (either dtype), values read from the key rows, D_V 512 and D_R 64 (GLM-5, DeepSeek)."""
-    return not unavailable_reason() and v_from_k and d_v == 512 and d_rope == 64
 
 
 if not _GLUON_ERROR:
@@ -123,132 +122,59 @@ if not _GLUON_ERROR:
         return gl.load(ptrs, mask=gl.expand_dims(gl.expand_dims(r < row_end, 0), 2), other=0.0)
 
     @gluon.jit
-    def _attend(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale,
-                q_start, row_end, kv_base, lo, hi, first_row, split,
-                stride_qt, stride_qh, stride_ks, stride_or, stride_op, stride_lr,
-                H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, WARPS: gl.constexpr):
-        """Rows first_row .. first_row + BLOCK_M (those before row_end) against keys lo .. hi: this split's
-        normalised partial output and base-2 LSE."""
-        NW: gl.constexpr = D_V // SLICES  # value columns a slice
-        RW: gl.constexpr = D_R // SLICES  # rope columns a slice
-        PARTS: gl.constexpr = WARPS // SLICES  # the key tile's parts (scores), a slice's column parts
-        # [slice, rows, keys or columns] on warps [SLICES, 1, PARTS]: warp (b, h) takes slice b, part h and every
-        # row (BLOCK_M / 16 mma.sync M steps), so each shared key fragment it loads serves all the rows.
-        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[SLICES, 1, PARTS],
-                                                      instr_shape=[1, 16, 8])
-        A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-        B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-        # 16-byte vectors of values, a slice's 128 across 16 threads (8 for fp8); the rope spread over all
-        # threads, 4-byte loads of it for fp8. An fp8 cache's MMAs run in fp16: one native convert from e4m3.
-        dtype: gl.constexpr = gl.float16 if KV_FP8 else K_buf.dtype.element_ty
-        VEC: gl.constexpr = 16 if KV_FP8 else 8
-        G_NOPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, VEC],
-                                                threads_per_warp=[1, 32 * VEC // NW, NW // VEC],
-                                                warps_per_cta=[SLICES, WARPS // SLICES, 1], order=[2, 1, 0])
-        RV: gl.constexpr = 4 if KV_FP8 else SLICES * BLOCK_N * RW // (32 * WARPS)  # rope values a thread loads
-        G_ROPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, RV],
-                                                threads_per_warp=[1, 32 * RV // RW, RW // RV],
-                                                warps_per_cta=[SLICES, WARPS // SLICES, 1], order=[2, 1, 0])
-        # The partial scores summed: each thread holds its keys of one row in every slice.
-        ROWS_W: gl.constexpr = BLOCK_M // WARPS
-        RED: gl.constexpr = gl.BlockedLayout(size_per_thread=[SLICES, 1, BLOCK_N * ROWS_W // 32],
-                                             threads_per_warp=[1, ROWS_W, 32 // ROWS_W],
-                                             warps_per_cta=[1, WARPS, 1], order=[2, 1, 0])
-        S2: gl.constexpr = gl.SliceLayout(0, RED)
-        ROWS: gl.constexpr = gl.SliceLayout(1, S2)
-        O_ROWS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, MMA))
+    def _all_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, dtype: gl.constexpr, H: gl.constexpr,
+                     D_V: gl.constexpr, D_R: gl.constexpr, BLOCK_M: gl.constexpr, A_OP: gl.constexpr,
+                     G_NOPE: gl.constexpr, G_ROPE: gl.constexpr):
+        """The block's queries in MMA operand registers: each slice's values in two halves (two independent score
+        chains) and its rope (a third)."""
+        NW: gl.constexpr = D_V // SLICES
+        RW: gl.constexpr = D_R // SLICES
         HALF: gl.constexpr = NW // 2
-
-        # Each slice's values in two halves: two independent MMA chains (and the rope's a third). Loaded before
-        # the buffers below exist, so that the layout conversion's scratch can share their shared memory.
         qn_lo = gl.convert_layout(_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, 0, NW, HALF, BLOCK_M,
                                            H, G_NOPE).to(dtype), A_OP)
         qn_hi = gl.convert_layout(_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, HALF, NW, HALF,
                                            BLOCK_M, H, G_NOPE).to(dtype), A_OP)
         qr = gl.convert_layout(_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, D_V, RW, RW, BLOCK_M, H,
                                         G_ROPE).to(dtype), A_OP)
+        return qn_lo, qn_hi, qr
 
-        nope_stages = gl.allocate_shared_memory(dtype, [2, SLICES, BLOCK_N, NW],
-                                                gl.SwizzledSharedLayout(8, 1, 8, order=[2, 1, 0]))
-        rope_stages = gl.allocate_shared_memory(dtype, [2, SLICES, BLOCK_N, RW],
-                                                gl.SwizzledSharedLayout(8, 4, 2, order=[2, 1, 0]))
-        # Partial scores: each 8-key column block of 8 rows (one mma.sync store) on distinct banks. P: one copy,
-        # which every slice's warps read.
-        s_buf = gl.allocate_shared_memory(gl.float32, [SLICES, BLOCK_M, BLOCK_N],
-                                          gl.SwizzledSharedLayout(8, max(1, 32 // BLOCK_N), BLOCK_N // 8,
-                                                                  order=[2, 1, 0]))
-        p_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_M, BLOCK_N],
-                                          gl.SwizzledSharedLayout(8, 2, 4, order=[2, 1, 0]))
-        alpha_buf = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    @gluon.jit
+    def _scores(qn_lo, qn_hi, qr, keys, rope, s_zero, s_buf, HALF: gl.constexpr, B_OP: gl.constexpr):
+        """The slices' partial scores of one key tile (three mma.sync chains), stored for the sum."""
+        s = mma_v2(qn_lo, keys.slice(0, HALF, dim=2).permute((0, 2, 1)).load(B_OP), s_zero)
+        s_hi = mma_v2(qn_hi, keys.slice(HALF, HALF, dim=2).permute((0, 2, 1)).load(B_OP), s_zero)
+        s_r = mma_v2(qr, rope.permute((0, 2, 1)).load(B_OP), s_zero)
+        s = s + (s_hi + s_r)
+        s_buf.store(s)
 
-        slot, slot_r = _slots(kv_indices, kv_base, lo, hi, BLOCK_N, G_NOPE, G_ROPE)
-        if KV_FP8:
-            keys8, rope8 = _load_fp8(K_buf, slot, slot_r, lo, hi, stride_ks, D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
-            nope_stages.index(0).store(keys8.to(dtype))
-            rope_stages.index(0).store(rope8.to(dtype))
-        else:
-            _gather(nope_stages.index(0), rope_stages.index(0), K_buf, slot, slot_r, lo, hi, stride_ks, D_V, D_R,
-                    BLOCK_N, G_NOPE, G_ROPE)
-        slot, slot_r = _slots(kv_indices, kv_base, lo + BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
-        acc = gl.zeros([SLICES, BLOCK_M, NW], gl.float32, MMA)
-        s_zero = gl.zeros([SLICES, BLOCK_M, BLOCK_N], gl.float32, MMA)
-        p_bcast = gl.zeros([SLICES, BLOCK_M, BLOCK_N], dtype, A_OP)  # the shape P's one copy is broadcast to
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROWS)
-        l_i = gl.zeros([BLOCK_M], gl.float32, ROWS)
-        offs_key = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S2))
+    @gluon.jit
+    def _softmax_step(s_buf, p_buf, alpha_buf, m_i, l_i, start, hi, offs_key, qk_scale, dtype: gl.constexpr,
+                      RED: gl.constexpr):
+        """The summed scores of keys start .. start + BLOCK_N (masked from hi on): the online softmax's new running
+        maximum and sum; P and the rescale of the accumulator go to shared memory for every warp."""
+        scores = gl.sum(s_buf.load(RED), 0)
+        scores = gl.where((start + offs_key < hi)[None, :], scores * qk_scale, float("-inf"))
+        m_new, m_safe, alpha = _raise_running_max(m_i, gl.max(scores, 1))
+        p = gl.exp2(scores - m_safe[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        p_buf.store(gl.expand_dims(p.to(dtype), 0))
+        alpha_buf.store(alpha)
+        return m_new, l_i
 
-        n_tiles = gl.cdiv(hi - lo, BLOCK_N)
-        # A 32-row tile's 16-bit gather of the next tile waits until its scores are stored: issued at the top, its
-        # cp.asyncs queue ahead of the score MMAs' ldmatrix and delay them, while 32 rows' MMAs leave it time to
-        # land. A 16-row tile has less to hide the gather behind, so it issues the gather at the top.
-        GATHER_LATE: gl.constexpr = BLOCK_M == 32 and not KV_FP8
-        for i in range(n_tiles):
-            stage = i % 2
-            # Tile i has landed (this thread's copies or stores), then everyone's; and every warp is past tile
-            # i - 1, whose stage the next tile refills, and past the shared buffers' last reads.
-            start = lo + i * BLOCK_N
-            if KV_FP8:
-                _cta_barrier()
-                keys8, rope8 = _load_fp8(K_buf, slot, slot_r, start + BLOCK_N, hi, stride_ks, D_V, D_R, BLOCK_N,
-                                         G_NOPE, G_ROPE)
-            else:
-                async_copy.wait_group(0)
-                _cta_barrier()
-                if not GATHER_LATE:
-                    _gather(nope_stages.index(1 - stage), rope_stages.index(1 - stage), K_buf, slot, slot_r,
-                            start + BLOCK_N, hi, stride_ks, D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
-            if not GATHER_LATE:
-                slot, slot_r = _slots(kv_indices, kv_base, start + 2 * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
-            keys = nope_stages.index(stage)
-            s = mma_v2(qn_lo, keys.slice(0, HALF, dim=2).permute((0, 2, 1)).load(B_OP), s_zero)
-            s_hi = mma_v2(qn_hi, keys.slice(HALF, HALF, dim=2).permute((0, 2, 1)).load(B_OP), s_zero)
-            s_r = mma_v2(qr, rope_stages.index(stage).permute((0, 2, 1)).load(B_OP), s_zero)
-            s = s + (s_hi + s_r)
-            s_buf.store(s)
-            _cta_barrier()
-            if GATHER_LATE:
-                _gather(nope_stages.index(1 - stage), rope_stages.index(1 - stage), K_buf, slot, slot_r,
-                        start + BLOCK_N, hi, stride_ks, D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
-                slot, slot_r = _slots(kv_indices, kv_base, start + 2 * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
-            scores = gl.sum(s_buf.load(RED), 0)
-            scores = gl.where((start + offs_key < hi)[None, :], scores * qk_scale, float("-inf"))
-            m_new, m_safe, alpha = _raise_running_max(m_i, gl.max(scores, 1))
-            p = gl.exp2(scores - m_safe[:, None])
-            l_i = l_i * alpha + gl.sum(p, 1)
-            m_i = m_new
-            p_buf.store(gl.expand_dims(p.to(dtype), 0))
-            alpha_buf.store(alpha)
-            _cta_barrier()
-            acc = acc * gl.expand_dims(gl.expand_dims(alpha_buf.load(O_ROWS), 0), 2)
-            p_op, _ = gl.broadcast(p_buf.load(A_OP), p_bcast)
-            acc = mma_v2(p_op, keys.load(B_OP), acc)
-            if KV_FP8:
-                nope_stages.index(1 - stage).store(keys8.to(dtype))
-                rope_stages.index(1 - stage).store(rope8.to(dtype))
-        if not KV_FP8:
-            async_copy.wait_group(0)
+    @gluon.jit
+    def _accumulate(acc, keys, p_buf, alpha_buf, p_bcast, A_OP: gl.constexpr, B_OP: gl.constexpr,
+                    O_ROWS: gl.constexpr):
+        """acc * alpha + P . V for this warp's value columns (V: the key tile's first D_V columns)."""
+        acc = acc * gl.expand_dims(gl.expand_dims(alpha_buf.load(O_ROWS), 0), 2)
+        p_op, _ = gl.broadcast(p_buf.load(A_OP), p_bcast)
+        return mma_v2(p_op, keys.load(B_OP), acc)
 
+    @gluon.jit
+    def _store_partial(O_part, LSE_part, acc, m_i, l_i, out_scale, q_start, first_row, row_end, split,
+                       stride_or, stride_op, stride_lr, H: gl.constexpr, D_V: gl.constexpr, BLOCK_M: gl.constexpr,
+                       MMA: gl.constexpr, ROWS: gl.constexpr, O_ROWS: gl.constexpr):
+        """This split's normalised partial output and base-2 LSE (-inf where it saw no key)."""
+        NW: gl.constexpr = D_V // SLICES
         seen = l_i > 0.0
         l_safe = gl.where(seen, l_i, 1.0)
         offs_m = first_row + gl.arange(0, BLOCK_M, layout=ROWS)
@@ -266,6 +192,193 @@ if not _GLUON_ERROR:
                  mask=gl.expand_dims(gl.expand_dims(r < row_end, 0), 2))
 
     @gluon.jit
+    def _attend_16bit(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale,
+                      q_start, row_end, kv_base, lo, hi, first_row, split,
+                      stride_qt, stride_qh, stride_ks, stride_or, stride_op, stride_lr,
+                      H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr):
+        """Rows first_row .. first_row + BLOCK_M (those before row_end) against keys lo .. hi of a 16-bit cache,
+        each key tile gathered by cp.async into the stage the MMAs do not read: this split's partial output."""
+        NW: gl.constexpr = D_V // SLICES  # value columns a slice
+        RW: gl.constexpr = D_R // SLICES  # rope columns a slice
+        PARTS: gl.constexpr = WARPS // SLICES  # the key tile's parts (scores), a slice's column parts
+        # [slice, rows, keys or columns] on warps [SLICES, 1, PARTS]: warp (b, h) takes slice b, part h and every
+        # row (BLOCK_M / 16 mma.sync M steps), so each shared key fragment it loads serves all the rows.
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[SLICES, 1, PARTS],
+                                                      instr_shape=[1, 16, 8])
+        A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        dtype: gl.constexpr = K_buf.dtype.element_ty
+        # 16-byte cp.async vectors: a slice's 128 values across 16 threads; the rope spread over all threads.
+        G_NOPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 8], threads_per_warp=[1, 256 // NW, NW // 8],
+                                                warps_per_cta=[SLICES, WARPS // SLICES, 1], order=[2, 1, 0])
+        RV: gl.constexpr = SLICES * BLOCK_N * RW // (32 * WARPS)  # rope values a thread gathers
+        G_ROPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, RV],
+                                                threads_per_warp=[1, 32 * RV // RW, RW // RV],
+                                                warps_per_cta=[SLICES, WARPS // SLICES, 1], order=[2, 1, 0])
+        # The partial scores summed: each thread holds its keys of one row in every slice.
+        ROWS_W: gl.constexpr = BLOCK_M // WARPS
+        RED: gl.constexpr = gl.BlockedLayout(size_per_thread=[SLICES, 1, BLOCK_N * ROWS_W // 32],
+                                             threads_per_warp=[1, ROWS_W, 32 // ROWS_W],
+                                             warps_per_cta=[1, WARPS, 1], order=[2, 1, 0])
+        S2: gl.constexpr = gl.SliceLayout(0, RED)
+        ROWS: gl.constexpr = gl.SliceLayout(1, S2)
+        O_ROWS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, MMA))
+
+        # Loaded before the buffers below exist, so that the layout conversion's scratch can share their memory.
+        qn_lo, qn_hi, qr = _all_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, dtype, H, D_V, D_R,
+                                        BLOCK_M, A_OP, G_NOPE, G_ROPE)
+        nope_stages = gl.allocate_shared_memory(dtype, [2, SLICES, BLOCK_N, NW],
+                                                gl.SwizzledSharedLayout(8, 1, 8, order=[2, 1, 0]))
+        rope_stages = gl.allocate_shared_memory(dtype, [2, SLICES, BLOCK_N, RW],
+                                                gl.SwizzledSharedLayout(8, 4, 2, order=[2, 1, 0]))
+        # Partial scores: each 8-key column block of 8 rows (one mma.sync store) on distinct banks. P: one copy,
+        # which every slice's warps read.
+        s_buf = gl.allocate_shared_memory(gl.float32, [SLICES, BLOCK_M, BLOCK_N],
+                                          gl.SwizzledSharedLayout(8, max(1, 32 // BLOCK_N), BLOCK_N // 8,
+                                                                  order=[2, 1, 0]))
+        p_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_M, BLOCK_N],
+                                          gl.SwizzledSharedLayout(8, 2, 4, order=[2, 1, 0]))
+        alpha_buf = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+
+        slot, slot_r = _slots(kv_indices, kv_base, lo, hi, BLOCK_N, G_NOPE, G_ROPE)
+        _gather(nope_stages.index(0), rope_stages.index(0), K_buf, slot, slot_r, lo, hi, stride_ks, D_V, D_R,
+                BLOCK_N, G_NOPE, G_ROPE)
+        slot, slot_r = _slots(kv_indices, kv_base, lo + BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
+        acc = gl.zeros([SLICES, BLOCK_M, NW], gl.float32, MMA)
+        s_zero = gl.zeros([SLICES, BLOCK_M, BLOCK_N], gl.float32, MMA)
+        p_bcast = gl.zeros([SLICES, BLOCK_M, BLOCK_N], dtype, A_OP)  # the shape P's one copy is broadcast to
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROWS)
+        l_i = gl.zeros([BLOCK_M], gl.float32, ROWS)
+        offs_key = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S2))
+
+        n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+        # A 32-row tile's gather of the next tile waits until its scores are stored: issued at the top, its
+        # cp.asyncs queue ahead of the score MMAs' ldmatrix and delay them, while 32 rows' MMAs leave it time to
+        # land. A 16-row tile has less to hide the gather behind, so it issues the gather at the top.
+        GATHER_LATE: gl.constexpr = BLOCK_M == 32
+        for i in range(n_tiles):
+            stage = i % 2
+            # Tile i has landed (this thread's copies), then everyone's; and every warp is past tile i - 1, whose
+            # stage the next tile refills, and past the shared buffers' last reads.
+            start = lo + i * BLOCK_N
+            async_copy.wait_group(0)
+            _cta_barrier()
+            if not GATHER_LATE:
+                _gather(nope_stages.index(1 - stage), rope_stages.index(1 - stage), K_buf, slot, slot_r,
+                        start + BLOCK_N, hi, stride_ks, D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
+                slot, slot_r = _slots(kv_indices, kv_base, start + 2 * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
+            keys = nope_stages.index(stage)
+            _scores(qn_lo, qn_hi, qr, keys, rope_stages.index(stage), s_zero, s_buf, NW // 2, B_OP)
+            _cta_barrier()
+            if GATHER_LATE:
+                _gather(nope_stages.index(1 - stage), rope_stages.index(1 - stage), K_buf, slot, slot_r,
+                        start + BLOCK_N, hi, stride_ks, D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
+                slot, slot_r = _slots(kv_indices, kv_base, start + 2 * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
+            m_i, l_i = _softmax_step(s_buf, p_buf, alpha_buf, m_i, l_i, start, hi, offs_key, qk_scale, dtype, RED)
+            _cta_barrier()
+            acc = _accumulate(acc, keys, p_buf, alpha_buf, p_bcast, A_OP, B_OP, O_ROWS)
+        async_copy.wait_group(0)
+        _store_partial(O_part, LSE_part, acc, m_i, l_i, out_scale, q_start, first_row, row_end, split,
+                       stride_or, stride_op, stride_lr, H, D_V, BLOCK_M, MMA, ROWS, O_ROWS)
+
+    @gluon.jit
+    def _attend_fp8(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale,
+                    q_start, row_end, kv_base, lo, hi, first_row, split,
+                    stride_qt, stride_qh, stride_ks, stride_or, stride_op, stride_lr,
+                    H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr):
+        """As _attend_16bit for an fp8 cache: the next key tile is loaded into registers (half the bytes) while
+        this one is used, and widened to fp16 into the other stage at the iteration's end; the MMAs run in fp16
+        (one native convert from e4m3)."""
+        NW: gl.constexpr = D_V // SLICES
+        RW: gl.constexpr = D_R // SLICES
+        PARTS: gl.constexpr = WARPS // SLICES
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[SLICES, 1, PARTS],
+                                                      instr_shape=[1, 16, 8])
+        A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        dtype: gl.constexpr = gl.float16
+        # 16-byte vectors of 8-bit values, a slice's 128 across 8 threads; 4-byte loads of the rope.
+        G_NOPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 16],
+                                                threads_per_warp=[1, 512 // NW, NW // 16],
+                                                warps_per_cta=[SLICES, WARPS // SLICES, 1], order=[2, 1, 0])
+        G_ROPE: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[1, 128 // RW, RW // 4],
+                                                warps_per_cta=[SLICES, WARPS // SLICES, 1], order=[2, 1, 0])
+        ROWS_W: gl.constexpr = BLOCK_M // WARPS
+        RED: gl.constexpr = gl.BlockedLayout(size_per_thread=[SLICES, 1, BLOCK_N * ROWS_W // 32],
+                                             threads_per_warp=[1, ROWS_W, 32 // ROWS_W],
+                                             warps_per_cta=[1, WARPS, 1], order=[2, 1, 0])
+        S2: gl.constexpr = gl.SliceLayout(0, RED)
+        ROWS: gl.constexpr = gl.SliceLayout(1, S2)
+        O_ROWS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, MMA))
+
+        qn_lo, qn_hi, qr = _all_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, dtype, H, D_V, D_R,
+                                        BLOCK_M, A_OP, G_NOPE, G_ROPE)
+        nope_stages = gl.allocate_shared_memory(dtype, [2, SLICES, BLOCK_N, NW],
+                                                gl.SwizzledSharedLayout(8, 1, 8, order=[2, 1, 0]))
+        rope_stages = gl.allocate_shared_memory(dtype, [2, SLICES, BLOCK_N, RW],
+                                                gl.SwizzledSharedLayout(8, 4, 2, order=[2, 1, 0]))
+        s_buf = gl.allocate_shared_memory(gl.float32, [SLICES, BLOCK_M, BLOCK_N],
+                                          gl.SwizzledSharedLayout(8, max(1, 32 // BLOCK_N), BLOCK_N // 8,
+                                                                  order=[2, 1, 0]))
+        p_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_M, BLOCK_N],
+                                          gl.SwizzledSharedLayout(8, 2, 4, order=[2, 1, 0]))
+        alpha_buf = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+
+        slot, slot_r = _slots(kv_indices, kv_base, lo, hi, BLOCK_N, G_NOPE, G_ROPE)
+        keys8, rope8 = _load_fp8(K_buf, slot, slot_r, lo, hi, stride_ks, D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
+        nope_stages.index(0).store(keys8.to(dtype))
+        rope_stages.index(0).store(rope8.to(dtype))
+        slot, slot_r = _slots(kv_indices, kv_base, lo + BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
+        acc = gl.zeros([SLICES, BLOCK_M, NW], gl.float32, MMA)
+        s_zero = gl.zeros([SLICES, BLOCK_M, BLOCK_N], gl.float32, MMA)
+        p_bcast = gl.zeros([SLICES, BLOCK_M, BLOCK_N], dtype, A_OP)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROWS)
+        l_i = gl.zeros([BLOCK_M], gl.float32, ROWS)
+        offs_key = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S2))
+
+        n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+        for i in range(n_tiles):
+            stage = i % 2
+            # Tile i is stored (this thread's stores), then everyone's; every warp is past tile i - 1.
+            start = lo + i * BLOCK_N
+            _cta_barrier()
+            keys8, rope8 = _load_fp8(K_buf, slot, slot_r, start + BLOCK_N, hi, stride_ks, D_V, D_R, BLOCK_N,
+                                     G_NOPE, G_ROPE)
+            slot, slot_r = _slots(kv_indices, kv_base, start + 2 * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
+            keys = nope_stages.index(stage)
+            _scores(qn_lo, qn_hi, qr, keys, rope_stages.index(stage), s_zero, s_buf, NW // 2, B_OP)
+            _cta_barrier()
+            m_i, l_i = _softmax_step(s_buf, p_buf, alpha_buf, m_i, l_i, start, hi, offs_key, qk_scale, dtype, RED)
+            _cta_barrier()
+            acc = _accumulate(acc, keys, p_buf, alpha_buf, p_bcast, A_OP, B_OP, O_ROWS)
+            nope_stages.index(1 - stage).store(keys8.to(dtype))
+            rope_stages.index(1 - stage).store(rope8.to(dtype))
+        _store_partial(O_part, LSE_part, acc, m_i, l_i, out_scale, q_start, first_row, row_end, split,
+                       stride_or, stride_op, stride_lr, H, D_V, BLOCK_M, MMA, ROWS, O_ROWS)
+
+    @gluon.jit
+    def _check_tile(BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
+                    WARPS: gl.constexpr):
+        gl.static_assert((BLOCK_M == 16 or BLOCK_M == 32) and WARPS % SLICES == 0
+                         and BLOCK_N % (8 * (WARPS // SLICES)) == 0,
+                         "16 or 32 rows (a warp's queries and accumulator in registers); a warp for each (slice, "
+                         "key part of 8+ keys)")
+        # 16 keys: 41,536 B and 128 registers at 16 rows, two programs an SM (sm120/rules.py, rule 1).
+        gl.static_assert(BLOCK_N == 32 or BLOCK_N == 16, "32 or 16 keys a tile")
+        gl.static_assert(D_V % (SLICES * 16) == 0 and D_R % (SLICES * 16) == 0, "whole k-steps a slice")
+
+    @gluon.jit
+    def _empty_split(LSE_part, q_start, first_row, row_end, split, stride_lr, H: gl.constexpr,
+                     BLOCK_M: gl.constexpr, WARPS: gl.constexpr):
+        """A split with no keys: LSE -inf for its rows (the merge gives it no weight)."""
+        LSE_LAYOUT: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+        offs = first_row + gl.arange(0, BLOCK_M, layout=LSE_LAYOUT)
+        gl.store(LSE_part + (q_start * H + offs).to(gl.int64) * stride_lr + split,
+                 gl.full([BLOCK_M], float("-inf"), gl.float32, LSE_LAYOUT), mask=offs < row_end)
+
+    @gluon.jit
     def prefix_latent_split_kernel(
         Q, K_buf, kv_indices, qo_indptr, kv_indptr,
         O_part, LSE_part,
@@ -273,16 +386,11 @@ if not _GLUON_ERROR:
         stride_qt, stride_qh, stride_ks,
         stride_or, stride_op, stride_lr,
         H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         SCALE_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
     ):
-        gl.static_assert((BLOCK_M == 16 or BLOCK_M == 32) and num_warps % SLICES == 0
-                         and BLOCK_N % (8 * (num_warps // SLICES)) == 0,
-                         "16 or 32 rows (a warp's queries and accumulator in registers); a warp for each (slice, "
-                         "key part of 8+ keys)")
-        # 16 keys: 41,536 B and 128 registers at 16 rows, two programs an SM (SM120.prefix_small_fp8).
-        gl.static_assert(BLOCK_N == 32 or BLOCK_N == 16, "32 or 16 keys a tile")
-        gl.static_assert(D_V % (SLICES * 16) == 0 and D_R % (SLICES * 16) == 0, "whole k-steps a slice")
+        """A 16-bit cache (bf16 or fp16)."""
+        _check_tile(BLOCK_M, BLOCK_N, D_V, D_R, num_warps)
         if USE_PDL:
             _grid_dependency(False)
         split, q_start, n_rows, kv_start, first_row, row_end, lo, hi = _program_work(
@@ -290,13 +398,38 @@ if not _GLUON_ERROR:
         qk_scale, out_scale = _dequant_scales(k_scale, v_scale, qk_scale_log2, SCALE_FROM_PTR)
         if first_row < n_rows:
             if lo >= hi:
-                LSE_LAYOUT: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-                offs = first_row + gl.arange(0, BLOCK_M, layout=LSE_LAYOUT)
-                gl.store(LSE_part + (q_start * H + offs).to(gl.int64) * stride_lr + split,
-                         gl.full([BLOCK_M], float("-inf"), gl.float32, LSE_LAYOUT), mask=offs < row_end)
+                _empty_split(LSE_part, q_start, first_row, row_end, split, stride_lr, H, BLOCK_M, num_warps)
             else:
-                _attend(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale, q_start, row_end, kv_start,
-                        lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or, stride_op, stride_lr,
-                        H, D_V, D_R, BLOCK_M, BLOCK_N, KV_FP8, num_warps)
+                _attend_16bit(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale, q_start, row_end,
+                              kv_start, lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or,
+                              stride_op, stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, num_warps)
+        if USE_PDL:
+            _grid_dependency(True)
+
+    @gluon.jit
+    def prefix_latent_split_fp8_kernel(
+        Q, K_buf, kv_indices, qo_indptr, kv_indptr,
+        O_part, LSE_part,
+        k_scale, v_scale, qk_scale_log2, min_chunk, row_base,
+        stride_qt, stride_qh, stride_ks,
+        stride_or, stride_op, stride_lr,
+        H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        SCALE_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        """An fp8 e4m3 cache (k_scale, v_scale per tensor)."""
+        _check_tile(BLOCK_M, BLOCK_N, D_V, D_R, num_warps)
+        if USE_PDL:
+            _grid_dependency(False)
+        split, q_start, n_rows, kv_start, first_row, row_end, lo, hi = _program_work(
+            qo_indptr, kv_indptr, min_chunk, 0, 0, row_base, BLOCK_M, H, BLOCK_N)
+        qk_scale, out_scale = _dequant_scales(k_scale, v_scale, qk_scale_log2, SCALE_FROM_PTR)
+        if first_row < n_rows:
+            if lo >= hi:
+                _empty_split(LSE_part, q_start, first_row, row_end, split, stride_lr, H, BLOCK_M, num_warps)
+            else:
+                _attend_fp8(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale, q_start, row_end,
+                            kv_start, lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or,
+                            stride_op, stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, num_warps)
         if USE_PDL:
             _grid_dependency(True)

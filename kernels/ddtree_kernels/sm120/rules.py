@@ -16,6 +16,8 @@ from ..rules import Rule, RuleTable, Tile
 
 _LATENT_16 = Tile("prefix_latent_split", 16, 32, 8, 2)
 _LATENT_32 = Tile("prefix_latent_split", 32, 32, 8, 2)
+_LATENT_FP8_16 = Tile("prefix_latent_split_fp8", 16, 32, 8, 2)
+_LATENT_FP8_32 = Tile("prefix_latent_split_fp8", 32, 32, 8, 2)
 _CHUNKED_16 = Tile("prefix_chunked", 16, 64, 4, 2)
 _CHUNKED_32 = Tile("prefix_chunked", 32, 32, 8, 2)
 _FP8_16 = Tile("prefix_general", 16, 32, 8, 3, keys_major=True)
@@ -23,7 +25,7 @@ _FP8_16 = Tile("prefix_general", 16, 32, 8, 3, keys_major=True)
 SM120 = RuleTable(
     name="sm120",
     rules=(
-        Rule("fp8", "in keys", (1, 16), Tile("prefix_latent_split", 16, 16, 8, 2, programs_per_sm=2)),
+        Rule("fp8", "in keys", (1, 16), Tile("prefix_latent_split_fp8", 16, 16, 8, 2, programs_per_sm=2)),
         Rule("fp8", "in keys", (1, 16), Tile("prefix_general", 16, 16, 4, 2, programs_per_sm=2, keys_major=True)),
         Rule("16-bit", "in keys", (64, None), _LATENT_32, tail=_LATENT_16, tail_max_rows=32),
         Rule("16-bit", "in keys", (64, None), _CHUNKED_32, tail=_CHUNKED_16, tail_max_rows=32),
@@ -33,10 +35,10 @@ SM120 = RuleTable(
         Rule("16-bit", "in keys", (64, None), Tile("prefix_general", 32, 32, 8, 2),
              tail=Tile("prefix_general", 16, 64, 4, 2), tail_max_rows=32),
         Rule("16-bit", "in keys", (1, None), Tile("prefix_general", 16, 64, 4, 2)),
-        Rule("fp8", "in keys", (64, None), _LATENT_32, tail=_LATENT_16, tail_max_rows=32),
+        Rule("fp8", "in keys", (64, None), _LATENT_FP8_32, tail=_LATENT_FP8_16, tail_max_rows=32),
         Rule("fp8", "any", (64, None), Tile("prefix_general", 32, 16, 8, 3, keys_major=True), tail=_FP8_16,
              tail_max_rows=32),
-        Rule("fp8", "in keys", (1, None), _LATENT_16),
+        Rule("fp8", "in keys", (1, None), _LATENT_FP8_16),
         Rule("fp8", "any", (1, None), _FP8_16),
         Rule("16-bit", "apart", (1, None), Tile("prefix_general", 128, 64, 8, 2), key_width_max=128),
         Rule("16-bit", "apart", (1, None), Tile("prefix_general", 32, 16, 8, 2)),
