@@ -68,6 +68,9 @@ class FitResult:
     grid_waits: int = 0
     # Instructions sm_120 does not have (wgmma, setmaxnreg, tcgen05/TMEM), counted in the PTX.
     hopper_only: int = 0
+    # The distinct mma.sync forms in the PTX (shape and types, e.g. "m16n8k16.f32.bf16.bf16.f32"): which tensor-core
+    # instruction a launch multiplies with, on the target it was compiled for.
+    mma: list[str] = field(default_factory=list)
     # The machine code (`cuobjdump -sass`, instructions only): equal digests before and after a refactor
     # mean the GPU runs the same code, so its measurements stand (--sass DIR writes the text).
     sass_sha256: str = ""
@@ -155,6 +158,12 @@ def _jobs(name: str, table: RuleTable, cap: tuple[int, int], must_fit: bool) -> 
     return jobs
 
 
+def mma_forms(ptx: str) -> list[str]:
+    """The distinct `mma.sync.aligned` forms in PTX, without the layout qualifiers (row.col)."""
+    forms = re.findall(r"mma\.sync\.aligned\.(m\d+n\d+k\d+)(?:\.row\.col)?((?:\.[a-z0-9]+)+)", ptx)
+    return sorted({shape + types for shape, types in forms})
+
+
 def _cuobjdump(cubin: bytes) -> tuple[int, int, int, str]:
     """(registers, stack, local memory, SASS instructions) of a compiled kernel."""
     import triton.backends.nvidia as nvidia
@@ -200,6 +209,7 @@ def compile_variant(job: tuple) -> FitResult:
                          launch_dependents=ptx.count("griddepcontrol.launch_dependents"),
                          grid_waits=ptx.count("griddepcontrol.wait"),
                          hopper_only=sum(ptx.count(op) for op in ("wgmma.", "setmaxnreg", "tcgen05")),
+                         mma=mma_forms(ptx),
                          sass_sha256=hashlib.sha256(sass.encode()).hexdigest(), sass=sass)
     except Exception as exc:  # a launch that cannot compile must show up, not crash the report
         return FitResult(table_name, target_name, short, variant, 0, limit, 0, 0, 0, must_fit, warps, programs,

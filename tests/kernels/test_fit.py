@@ -128,3 +128,15 @@ def test_each_launch_reports_its_machine_code(fit_report):
     trees = {r["variant"]: r["sass_sha256"] for r in compiled
              if (r["table"], r["target"], r["kernel"]) == ("sm120", "sm_120", "tree")}
     assert len(trees) == 3 and len(set(trees.values())) == 3  # each mask layout is its own program
+
+
+def test_each_sm120_prefix_launch_names_its_mma_sync_forms(fit_report):
+    """fit reports the mma.sync forms in each launch's PTX: on sm_120 every prefix launch multiplies with one (no
+    wgmma there), a 16-bit bf16 cache with m16n8k16 on bf16, and the field is what an fp8 MMA would be checked by."""
+    sm120 = [r for r in fit_report if r["target"] == "sm_120" and r["must_fit"] and r["kernel"].startswith("prefix")]
+    assert sm120
+    for r in sm120:
+        where = f"{r['table']} {r['kernel']} {r['variant']}"
+        assert r["mma"] and all(form.startswith("m16n8k") for form in r["mma"]), where
+        if r["variant"].startswith("kv=bf16"):
+            assert "m16n8k16.f32.bf16.bf16.f32" in r["mma"], (where, r["mma"])
