@@ -121,3 +121,12 @@ def test_the_table_is_printed_in_the_order_it_is_read(capsys):
     assert numbered == [str(i) for i in range(1, 11)] and "hopper_wgmma" in out.splitlines()[2]
     with pytest.raises(SystemExit):
         main(["--gpu", "sm120"])  # neither a call nor --table
+
+
+def test_the_kernels_readme_opens_with_the_table_describe_prints():
+    """kernels/README.md shows sm_120's table as `describe --table` prints it: a changed rule changes the doc."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "kernels" / "README.md").read_text()
+    assert describe_table("sm120") in readme
+    assert readme.index(describe_table("sm120")) < readme.index("## Use")
