@@ -22,7 +22,7 @@ from .launches import Launch, VerifyShape
 from .registry import KERNELS
 from .rules import Rule, RuleTable, Tile
 from .selection import select, table_for
-from .target import Target
+from .target import Target, concrete_device
 
 
 @dataclass(frozen=True)
@@ -386,16 +386,9 @@ def shared_workspace(plan: VerifyPlan, device: torch.device | str) -> Workspace:
     return reserve_workspace([plan], device)
 
 
-def _concrete(device: torch.device | str) -> torch.device:
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
 def reserve_workspace(plans: list[VerifyPlan], device: torch.device | str) -> Workspace:
     """Grow the shared workspace up front (before CUDA-graph capture) to fit every plan given."""
-    device = _concrete(device)
+    device = concrete_device(device)
     held = _WORKSPACES.setdefault(device, [])
     part_rows, d_v = max(Workspace.part_rows(p) for p in plans), max(p.d_v for p in plans)
     if held:

@@ -42,10 +42,7 @@ class Target:
     def detect(cls, device: torch.device | str) -> Target:
         """The target of a device: its capability and SM count; the interpreter for a CPU device or
         under TRITON_INTERPRET=1."""
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        return _detect(device, interpreting())
+        return _detect(concrete_device(device), interpreting())
 
     @classmethod
     def named(cls, name: str, *, sms: int | None = None, gluon: bool | None = None) -> Target:
@@ -89,6 +86,14 @@ class Target:
     def __str__(self) -> str:
         gluon = "Gluon" if self.gluon else "no Gluon"
         return f"{self.name} ({self.sms} SMs, {gluon}{', interpreted' if self.interpreted else ''})"
+
+
+def concrete_device(device: torch.device | str) -> torch.device:
+    """The device, with a bare "cuda" made the current CUDA device (one key a GPU for caches)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 @cache

@@ -192,6 +192,24 @@ if not _GLUON_ERROR:
                  mask=gl.expand_dims(gl.expand_dims(r < row_end, 0), 2))
 
     @gluon.jit
+    def _buffers(dtype: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr):
+        """The shared memory of a program: two stages of key tiles (values chunk-major, rope), the partial scores
+        (each 8-key column block of 8 rows, one mma.sync store, on distinct banks), P (one copy, which every
+        slice's warps read) and the accumulator's rescale."""
+        nope_stages = gl.allocate_shared_memory(dtype, [2, SLICES, BLOCK_N, D_V // SLICES],
+                                                gl.SwizzledSharedLayout(8, 1, 8, order=[2, 1, 0]))
+        rope_stages = gl.allocate_shared_memory(dtype, [2, SLICES, BLOCK_N, D_R // SLICES],
+                                                gl.SwizzledSharedLayout(8, 4, 2, order=[2, 1, 0]))
+        s_buf = gl.allocate_shared_memory(gl.float32, [SLICES, BLOCK_M, BLOCK_N],
+                                          gl.SwizzledSharedLayout(8, max(1, 32 // BLOCK_N), BLOCK_N // 8,
+                                                                  order=[2, 1, 0]))
+        p_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_M, BLOCK_N],
+                                          gl.SwizzledSharedLayout(8, 2, 4, order=[2, 1, 0]))
+        alpha_buf = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        return nope_stages, rope_stages, s_buf, p_buf, alpha_buf
+
+    @gluon.jit
     def _attend_16bit(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale,
                       q_start, row_end, kv_base, lo, hi, first_row, split,
                       stride_qt, stride_qh, stride_ks, stride_or, stride_op, stride_lr,
@@ -228,18 +246,7 @@ if not _GLUON_ERROR:
         # Loaded before the buffers below exist, so that the layout conversion's scratch can share their memory.
         qn_lo, qn_hi, qr = _all_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, dtype, H, D_V, D_R,
                                         BLOCK_M, A_OP, G_NOPE, G_ROPE)
-        nope_stages = gl.allocate_shared_memory(dtype, [2, SLICES, BLOCK_N, NW],
-                                                gl.SwizzledSharedLayout(8, 1, 8, order=[2, 1, 0]))
-        rope_stages = gl.allocate_shared_memory(dtype, [2, SLICES, BLOCK_N, RW],
-                                                gl.SwizzledSharedLayout(8, 4, 2, order=[2, 1, 0]))
-        # Partial scores: each 8-key column block of 8 rows (one mma.sync store) on distinct banks. P: one copy,
-        # which every slice's warps read.
-        s_buf = gl.allocate_shared_memory(gl.float32, [SLICES, BLOCK_M, BLOCK_N],
-                                          gl.SwizzledSharedLayout(8, max(1, 32 // BLOCK_N), BLOCK_N // 8,
-                                                                  order=[2, 1, 0]))
-        p_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_M, BLOCK_N],
-                                          gl.SwizzledSharedLayout(8, 2, 4, order=[2, 1, 0]))
-        alpha_buf = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        nope_stages, rope_stages, s_buf, p_buf, alpha_buf = _buffers(dtype, D_V, D_R, BLOCK_M, BLOCK_N)
 
         slot, slot_r = _slots(kv_indices, kv_base, lo, hi, BLOCK_N, G_NOPE, G_ROPE)
         _gather(nope_stages.index(0), rope_stages.index(0), K_buf, slot, slot_r, lo, hi, stride_ks, D_V, D_R,
@@ -315,16 +322,7 @@ if not _GLUON_ERROR:
 
         qn_lo, qn_hi, qr = _all_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, dtype, H, D_V, D_R,
                                         BLOCK_M, A_OP, G_NOPE, G_ROPE)
-        nope_stages = gl.allocate_shared_memory(dtype, [2, SLICES, BLOCK_N, NW],
-                                                gl.SwizzledSharedLayout(8, 1, 8, order=[2, 1, 0]))
-        rope_stages = gl.allocate_shared_memory(dtype, [2, SLICES, BLOCK_N, RW],
-                                                gl.SwizzledSharedLayout(8, 4, 2, order=[2, 1, 0]))
-        s_buf = gl.allocate_shared_memory(gl.float32, [SLICES, BLOCK_M, BLOCK_N],
-                                          gl.SwizzledSharedLayout(8, max(1, 32 // BLOCK_N), BLOCK_N // 8,
-                                                                  order=[2, 1, 0]))
-        p_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_M, BLOCK_N],
-                                          gl.SwizzledSharedLayout(8, 2, 4, order=[2, 1, 0]))
-        alpha_buf = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        nope_stages, rope_stages, s_buf, p_buf, alpha_buf = _buffers(dtype, D_V, D_R, BLOCK_M, BLOCK_N)
 
         slot, slot_r = _slots(kv_indices, kv_base, lo, hi, BLOCK_N, G_NOPE, G_ROPE)
         keys8, rope8 = _load_fp8(K_buf, slot, slot_r, lo, hi, stride_ks, D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
@@ -379,6 +377,32 @@ if not _GLUON_ERROR:
                  gl.full([BLOCK_M], float("-inf"), gl.float32, LSE_LAYOUT), mask=offs < row_end)
 
     @gluon.jit
+    def _program(Q, K_buf, kv_indices, qo_indptr, kv_indptr, O_part, LSE_part, k_scale, v_scale, qk_scale_log2,
+                 min_chunk, row_base, stride_qt, stride_qh, stride_ks, stride_or, stride_op, stride_lr,
+                 H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 SCALE_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, FP8: gl.constexpr, WARPS: gl.constexpr):
+        """What both entry points do: the PDL handshake, this program's rows and keys, then the cache's attend."""
+        _check_tile(BLOCK_M, BLOCK_N, D_V, D_R, WARPS)
+        if USE_PDL:
+            _grid_dependency(False)
+        split, q_start, n_rows, kv_start, first_row, row_end, lo, hi = _program_work(
+            qo_indptr, kv_indptr, min_chunk, 0, 0, row_base, BLOCK_M, H, BLOCK_N)
+        qk_scale, out_scale = _dequant_scales(k_scale, v_scale, qk_scale_log2, SCALE_FROM_PTR)
+        if first_row < n_rows:
+            if lo >= hi:
+                _empty_split(LSE_part, q_start, first_row, row_end, split, stride_lr, H, BLOCK_M, WARPS)
+            elif FP8:
+                _attend_fp8(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale, q_start, row_end,
+                            kv_start, lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or,
+                            stride_op, stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, WARPS)
+            else:
+                _attend_16bit(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale, q_start, row_end,
+                              kv_start, lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or,
+                              stride_op, stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, WARPS)
+        if USE_PDL:
+            _grid_dependency(True)
+
+    @gluon.jit
     def prefix_latent_split_kernel(
         Q, K_buf, kv_indices, qo_indptr, kv_indptr,
         O_part, LSE_part,
@@ -390,21 +414,9 @@ if not _GLUON_ERROR:
         SCALE_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
     ):
         """A 16-bit cache (bf16 or fp16)."""
-        _check_tile(BLOCK_M, BLOCK_N, D_V, D_R, num_warps)
-        if USE_PDL:
-            _grid_dependency(False)
-        split, q_start, n_rows, kv_start, first_row, row_end, lo, hi = _program_work(
-            qo_indptr, kv_indptr, min_chunk, 0, 0, row_base, BLOCK_M, H, BLOCK_N)
-        qk_scale, out_scale = _dequant_scales(k_scale, v_scale, qk_scale_log2, SCALE_FROM_PTR)
-        if first_row < n_rows:
-            if lo >= hi:
-                _empty_split(LSE_part, q_start, first_row, row_end, split, stride_lr, H, BLOCK_M, num_warps)
-            else:
-                _attend_16bit(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale, q_start, row_end,
-                              kv_start, lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or,
-                              stride_op, stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, num_warps)
-        if USE_PDL:
-            _grid_dependency(True)
+        _program(Q, K_buf, kv_indices, qo_indptr, kv_indptr, O_part, LSE_part, k_scale, v_scale, qk_scale_log2,
+                 min_chunk, row_base, stride_qt, stride_qh, stride_ks, stride_or, stride_op, stride_lr,
+                 H, D_V, D_R, BLOCK_M, BLOCK_N, SCALE_FROM_PTR, USE_PDL, False, num_warps)
 
     @gluon.jit
     def prefix_latent_split_fp8_kernel(
@@ -418,18 +430,6 @@ if not _GLUON_ERROR:
         SCALE_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
     ):
         """An fp8 e4m3 cache (k_scale, v_scale per tensor)."""
-        _check_tile(BLOCK_M, BLOCK_N, D_V, D_R, num_warps)
-        if USE_PDL:
-            _grid_dependency(False)
-        split, q_start, n_rows, kv_start, first_row, row_end, lo, hi = _program_work(
-            qo_indptr, kv_indptr, min_chunk, 0, 0, row_base, BLOCK_M, H, BLOCK_N)
-        qk_scale, out_scale = _dequant_scales(k_scale, v_scale, qk_scale_log2, SCALE_FROM_PTR)
-        if first_row < n_rows:
-            if lo >= hi:
-                _empty_split(LSE_part, q_start, first_row, row_end, split, stride_lr, H, BLOCK_M, num_warps)
-            else:
-                _attend_fp8(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale, q_start, row_end,
-                            kv_start, lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or,
-                            stride_op, stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, num_warps)
-        if USE_PDL:
-            _grid_dependency(True)
+        _program(Q, K_buf, kv_indices, qo_indptr, kv_indptr, O_part, LSE_part, k_scale, v_scale, qk_scale_log2,
+                 min_chunk, row_base, stride_qt, stride_qh, stride_ks, stride_or, stride_op, stride_lr,
+                 H, D_V, D_R, BLOCK_M, BLOCK_N, SCALE_FROM_PTR, USE_PDL, True, num_warps)
