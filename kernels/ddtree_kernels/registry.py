@@ -11,7 +11,7 @@ from .launches import KernelEntry, Launch, VerifyShape
 from .merge import merge_parts_kernel
 from .prefix_general import prefix_general_kernel
 from .rules import Tile
-from .sm120 import prefix_latent_split
+from .sm120 import prefix_latent_split, prefix_latent_split_e4m3
 from .sm120.prefix_chunked import prefix_chunked_kernel
 from .target import Target
 from .tree import tree_block_kernel
@@ -122,6 +122,10 @@ KERNELS: dict[str, KernelEntry] = {entry.name: entry for entry in (
     KernelEntry("prefix_latent_split_fp8", getattr(prefix_latent_split, "prefix_latent_split_fp8_kernel", None),
                 latent_split_fp8_supports, _latent_split_launch, gluon=True, compile_variants=_GLUON_VARIANTS,
                 label="prefix_latent_split_fp8", needs="Gluon, compiled, V in K, D 512+64"),
+    KernelEntry("prefix_latent_split_e4m3",
+                getattr(prefix_latent_split_e4m3, "prefix_latent_split_e4m3_kernel", None),
+                latent_split_fp8_supports, _latent_split_launch, gluon=True, compile_variants=_GLUON_VARIANTS,
+                label="prefix_latent_split_e4m3", needs="Gluon, compiled, V in K, D 512+64"),
     *HOPPER_ENTRIES,
     KernelEntry("merge", merge_parts_kernel, _always, _merge_launch, label="merge",
                 compile_variants=((("STORE_LSE", True),),)),

@@ -2,6 +2,7 @@
 
     python -m ddtree_tools.bench --sglang-wheel sglang-0.5.23-...whl --out results/
     make bench-kernels SGLANG_WHEEL=...                       # the same
+    python -m ddtree_tools.bench --emulate sm120 --table sm120-e4m3 --case 1,185000,8,9,fp8 --out DIR
 
 One run measures the copy and bf16-matmul ceilings, then per case: this kernel (eager
 and inside a replayed CUDA graph), SGLang's extend_attention_fwd with the same tree mask
@@ -41,11 +42,15 @@ import triton.language as tl
 
 from ddtree_kernels import masks, reference
 from ddtree_kernels.launcher import Workspace, plan_verify, run_verify
+from ddtree_kernels.rules import RuleTable
+from ddtree_kernels.selection import TABLES
+from ddtree_kernels.sm120.rules import SM120_E4M3
 from ddtree_kernels.target import SHARED_MEMORY_PER_SM, Target
 from ddtree_kernels.tree import MASK_COMPACT
 
 D_QK, D_V = 576, 512
 EMULATIONS = {"sm120": (12, 0)}
+BENCH_TABLES = {**TABLES, SM120_E4M3.name: SM120_E4M3}  # --table
 # RTX PRO 6000 Blackwell (sm_120): DRAM bandwidth and published cuBLASLt mma.sync throughput.
 RTX_PRO_6000 = {"gbs": 1792.0, "bf16_tflops": 458.0, "fp8_tflops": 905.0}
 
@@ -178,10 +183,24 @@ def enable_emulation(name: str, device: str) -> dict:
     if not bf16_mma.startswith("mma.sync"):
         raise SystemExit(f"sm_120 emulation needs mma.sync, but Triton emitted {bf16_mma!r} with DISABLE_MMA_V3=1: "
                          "set it in the environment before Python starts and clear ~/.triton/cache")
-    fp8, fp8_mma = triton_gemm_ceiling(torch.float8_e4m3fn, device)
+    fp8, fp8_mma, fp8_sass = e4m3_gemm_ceiling(device)
     shared = cap_shared_memory(SHARED_MEMORY_PER_SM[EMULATIONS[name]], device)
     return {"emulate": name, "mma_tflops": bf16, "mma_instruction": bf16_mma, "fp8_mma_tflops": fp8,
-            "fp8_mma_instruction": fp8_mma, "shared_memory_per_sm": shared}
+            "fp8_mma_instruction": fp8_mma, "fp8_mma_sass": fp8_sass, "shared_memory_per_sm": shared}
+
+
+def e4m3_gemm_ceiling(device: str, size: int = 8192) -> tuple[float, str, str]:
+    """(TFLOP/s, PTX form, SASS tensor-core instructions) of the e4m3 mma.sync GEMM (mma_gemm.py) on size^3.
+    The SASS says whether this GPU runs the instruction (QMMA) or ptxas rewrote it into fp16 MMAs (sm_90)."""
+    from .fit import cuobjdump, mma_forms, sass_mma
+    from .mma_gemm import mma_gemm
+
+    a = torch.randn(size, size, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(size, size, device=device).to(torch.float8_e4m3fn)
+    _, compiled = mma_gemm(a, b)
+    t = _time(lambda: mma_gemm(a, b), rep_ms=200, warmup_ms=25)
+    sass = ", ".join(f"{n} {op}" for op, n in sorted(sass_mma(cuobjdump(compiled.asm["cubin"])[3]).items()))
+    return 2 * size**3 / t / 1e6, " ".join(mma_forms(compiled.asm["ptx"])), sass
 
 
 _CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
@@ -320,13 +339,15 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def measure(case: Case, device: str, copy: float, mm: float, sgl: dict | None, target: Target | None = None) -> Row:
-    """One case: our call eagerly and in graphs, SGLang's, the errors. `target`: the GPU to plan for (emulation)."""
+def measure(case: Case, device: str, copy: float, mm: float, sgl: dict | None, target: Target | None = None,
+            table: RuleTable | None = None) -> Row:
+    """One case: our call eagerly and in graphs, SGLang's, the errors. `target`: the GPU to plan for (emulation);
+    `table`: the rule table to plan with (default: the target's)."""
     p = Problem(case, device)
     row = Row(case=asdict(case), floor_us=max(case.kv_bytes() / copy / 1e3, case.flops() / mm / 1e6))
     T = case.bs * case.n
     out = torch.empty(T, case.H, D_V, dtype=torch.bfloat16, device=device)
-    plan = plan_verify(case.bs, case.H, case.n, T, target or Target.detect(device), kv_fp8=case.fp8)
+    plan = plan_verify(case.bs, case.H, case.n, T, target or Target.detect(device), kv_fp8=case.fp8, table=table)
     ws = Workspace.for_plan(plan, device)
 
     def ours(pool=None):
@@ -406,7 +427,8 @@ def derived(row: Row) -> dict:
 def markdown(rows: list[Row], meta: dict) -> str:
     emulated = meta.get("emulate")
     ceiling = (f"mma.sync ceiling (Triton bf16 GEMM, {meta['mma_instruction']}) {meta['mma_tflops']:.0f} TFLOP/s; "
-               f"fp8 GEMM {meta['fp8_mma_tflops']:.0f} TFLOP/s through {meta['fp8_mma_instruction']}"
+               f"e4m3 mma.sync GEMM {meta['fp8_mma_tflops']:.0f} TFLOP/s (PTX {meta['fp8_mma_instruction']}; "
+               f"SASS {meta.get('fp8_mma_sass', '?')})"
                if emulated else f"bf16 matmul {meta['matmul_tflops']:.0f} TFLOP/s")
     lines = [
         *([f"**{emulated} emulation** on {meta['device']}: plans for compute capability 12.0, DISABLE_MMA_V3=1. "
@@ -480,12 +502,25 @@ def plot(rows: list[Row], path: Path, copy: float) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _case(text: str) -> Case:
+    parts = text.split(",")
+    if len(parts) not in (4, 5) or (len(parts) == 5 and parts[4] != "fp8"):
+        raise argparse.ArgumentTypeError(f"case {text!r}: write bs,L,H,n or bs,L,H,n,fp8 (e.g. 1,185000,8,9,fp8)")
+    try:
+        return Case(*(int(x) for x in parts[:4]), fp8=len(parts) == 5)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"case {text!r}: bs, L, H and n are integers") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sglang-wheel", help="SGLang release wheel to take the baseline kernels from")
     ap.add_argument("--out", default="bench-out", help="folder for bench.json, bench.md, bench.png, bench.log")
     ap.add_argument("--quick", action="store_true", help="three small cases (a smoke run)")
     ap.add_argument("--emulate", choices=sorted(EMULATIONS), help="measure another GPU's kernel path here (sm120)")
+    ap.add_argument("--table", choices=sorted(BENCH_TABLES),
+                    help="plan with this rule table instead of the GPU's (sm120-e4m3: the opt-in e4m3 fp8 tile)")
+    ap.add_argument("--case", action="append", type=_case, help="bs,L,H,n[,fp8] instead of the full list (repeat)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("the benchmark needs a CUDA GPU", file=sys.stderr)
@@ -506,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         device=torch.cuda.get_device_name(),
         torch=torch.__version__,
         triton=triton.__version__,
+        table=args.table,
         sglang_wheel=Path(args.sglang_wheel).name if args.sglang_wheel else None,
         copy_gbs=copy,
         matmul_tflops=mm,
@@ -522,12 +558,13 @@ def main(argv: list[str] | None = None) -> int:
 
         say(f"{meta['device']}: copy {copy:.0f} GB/s, matmul {mm:.0f} TFLOP/s"
             + (f"; {args.emulate} emulation: mma.sync GEMM {floor_mm:.0f} TFLOP/s ({emulation['mma_instruction']}), "
-               f"fp8 GEMM {emulation['fp8_mma_tflops']:.0f} TFLOP/s ({emulation['fp8_mma_instruction']})"
+               f"e4m3 mma.sync GEMM {emulation['fp8_mma_tflops']:.0f} TFLOP/s ({emulation['fp8_mma_sass']})"
                if args.emulate else ""))
         rows = []
-        cases = QUICK if args.quick else FULL
+        cases = args.case or (QUICK if args.quick else FULL)
+        table = BENCH_TABLES[args.table] if args.table else None
         for i, case in enumerate(cases, 1):
-            row = measure(case, device, copy, floor_mm, sgl, target)
+            row = measure(case, device, copy, floor_mm, sgl, target, table)
             if args.emulate:
                 row.projected_us = projection(case, row.ours_graph_us, floor_mm)
             torch.cuda.empty_cache()

@@ -34,6 +34,7 @@ from ddtree_kernels.launches import Launch
 from ddtree_kernels.registry import ALIGNED_ARGS, ARG_TYPES, KERNELS
 from ddtree_kernels.rules import RuleTable
 from ddtree_kernels.selection import TABLES, capabilities_choosing
+from ddtree_kernels.sm120.rules import SM120_E4M3
 from ddtree_kernels.target import NAMED, SHARED_MEMORY_LIMIT, SHARED_MEMORY_PER_SM, Target
 
 TARGETS = ((12, 0), (9, 0))
@@ -71,6 +72,9 @@ class FitResult:
     # The distinct mma.sync forms in the PTX (shape and types, e.g. "m16n8k16.f32.bf16.bf16.f32"): which tensor-core
     # instruction a launch multiplies with, on the target it was compiled for.
     mma: list[str] = field(default_factory=list)
+    # The tensor-core instructions in the SASS and their counts (HMMA.16816..., QMMA.16832...): what the GPU runs
+    # for them (on sm_90 ptxas rewrites an e4m3 mma.sync into fp16 HMMAs).
+    sass_mma: dict[str, int] = field(default_factory=dict)
     # The machine code (`cuobjdump -sass`, instructions only): equal digests before and after a refactor
     # mean the GPU runs the same code, so its measurements stand (--sass DIR writes the text).
     sass_sha256: str = ""
@@ -164,7 +168,15 @@ def mma_forms(ptx: str) -> list[str]:
     return sorted({shape + types for shape, types in forms})
 
 
-def _cuobjdump(cubin: bytes) -> tuple[int, int, int, str]:
+def sass_mma(sass: str) -> dict[str, int]:
+    """Count of each tensor-core instruction in SASS (HMMA.16816.F32..., QMMA.16832.F32.E4M3.E4M3...)."""
+    counts: dict[str, int] = {}
+    for op in re.findall(r"\b([HQ]MMA\.[0-9A-Z.]+)", sass):
+        counts[op] = counts.get(op, 0) + 1
+    return counts
+
+
+def cuobjdump(cubin: bytes) -> tuple[int, int, int, str]:
     """(registers, stack, local memory, SASS instructions) of a compiled kernel."""
     import triton.backends.nvidia as nvidia
 
@@ -202,14 +214,14 @@ def compile_variant(job: tuple) -> FitResult:
             options={"num_warps": warps, "num_stages": stages} if not entry.gluon else
             {"num_warps": warps},
         )
-        regs, stack, local, sass = _cuobjdump(compiled.asm["cubin"])
+        regs, stack, local, sass = cuobjdump(compiled.asm["cubin"])
         ptx = compiled.asm["ptx"]
         return FitResult(table_name, target_name, short, variant, compiled.metadata.shared, limit,
                          regs, stack, local, must_fit, compiled.metadata.num_warps, programs,
                          launch_dependents=ptx.count("griddepcontrol.launch_dependents"),
                          grid_waits=ptx.count("griddepcontrol.wait"),
                          hopper_only=sum(ptx.count(op) for op in ("wgmma.", "setmaxnreg", "tcgen05")),
-                         mma=mma_forms(ptx),
+                         mma=mma_forms(ptx), sass_mma=sass_mma(sass),
                          sass_sha256=hashlib.sha256(sass.encode()).hexdigest(), sass=sass)
     except Exception as exc:  # a launch that cannot compile must show up, not crash the report
         return FitResult(table_name, target_name, short, variant, 0, limit, 0, 0, 0, must_fit, warps, programs,
@@ -222,6 +234,9 @@ def check_all(workers: int = 2) -> list[FitResult]:
         raise RuntimeError("unset TRITON_INTERPRET: offline compilation needs the real Triton JIT")
     jobs = [job for name, table in TABLES.items() for cap in TARGETS
             for job in _jobs(name, table, cap, cap in capabilities_choosing(table))]
+    # The opt-in e4m3 tile, which must fit the GPU it is for (only its own launches: the rest are sm120's).
+    jobs += [job for cap in TARGETS for job in _jobs(SM120_E4M3.name, SM120_E4M3, cap, cap == (12, 0))
+             if job[2] == "prefix_latent_split_e4m3"]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(compile_variant, jobs))
 

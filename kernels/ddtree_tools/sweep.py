@@ -78,7 +78,7 @@ TILE_FORM = "MxNxWARPSxSTAGES[xPROGRAMS_PER_SM][+KERNEL][+keys_major]"
 _SHAPE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "programs_per_sm")
 # Kernels a sweep tile can name (registry entries a rule may choose); prefix_general without one.
 _KERNELS = {"general": "prefix_general", "chunked": "prefix_chunked", "latent_split": "prefix_latent_split",
-            "latent_split_fp8": "prefix_latent_split_fp8",
+            "latent_split_fp8": "prefix_latent_split_fp8", "latent_split_e4m3": "prefix_latent_split_e4m3",
             "wgmma": "hopper_wgmma"}
 
 

@@ -18,7 +18,7 @@ def test_a_run_writes_every_report_with_each_case(tmp_path, monkeypatch):
     monkeypatch.setattr(bench.torch.cuda, "get_device_name", lambda *args: "stand-in GPU")
     monkeypatch.setattr(bench.torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(bench, "ceilings", lambda device: (4000.0, 700.0))
-    monkeypatch.setattr(bench, "measure", lambda case, device, copy, mm, sgl, target: bench.Row(
+    monkeypatch.setattr(bench, "measure", lambda case, device, copy, mm, sgl, target, table=None: bench.Row(
         case=asdict(case), floor_us=10.0, ours_us=21.0, ours_graph_us=20.0, sglang_extend_us=2000.0,
         err_vs_sglang=1e-3, err_vs_reference=2e-3))
 

@@ -15,7 +15,7 @@ import torch
 import ddtree_kernels as dk
 from ddtree_kernels.hopper.rules import HOPPER
 from ddtree_kernels.launcher import Workspace, cache_layout, plan_verify, run_verify
-from ddtree_kernels.sm120.rules import SM120
+from ddtree_kernels.sm120.rules import SM120, SM120_E4M3
 from ddtree_kernels.tree import MASK_COMPACT
 
 from .cases import DEVICE, TARGET, assert_close, make_case
@@ -237,3 +237,19 @@ def test_sm120_tiles_match_reference(prefix, draft, heads, opts, kernel):
         kernel = gluon if TARGET.compiled_gluon else "prefix_general" if kv_fp8 else "prefix_chunked"
     assert {launch.kernel for launch in plan.launches()[1:-1]} == {kernel}, plan.describe()
     assert_close(_run_planned(plan, case), case.reference()[0], case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("prefix,draft,heads", [([0, 700, 1301], [9, 1, 5], 8), ([2081, 5], [1, 1], 16)],
+                         ids=["glm5-rows-ragged", "decode"])
+def test_opt_in_e4m3_tile_matches_reference(prefix, draft, heads):
+    """The opt-in fp8 tile on the e4m3 MMA (sm120/rules.SM120_E4M3: 32-row blocks and a 16-row tail; 16-row
+    decode) against the float64 reference at e4m3's precision: the queries and P rounded to 3 mantissa bits
+    give about 2.6e-2 (BENCHMARKS.md), a wrong product or a lost scale gives order 1."""
+    if not TARGET.compiled_gluon:
+        pytest.skip("the e4m3 tile is Gluon: it needs a GPU and a Triton in gluon_shared.TESTED_TRITON")
+    table = dataclasses.replace(SM120_E4M3, min_chunk=64)
+    case = make_case(prefix, draft, heads, DEVICE, kv_dtype=FP8)
+    plan = plan_verify(len(prefix), heads, case.max_draft, case.q.shape[0], TARGET, table=table, kv_fp8=True)
+    assert {launch.kernel for launch in plan.launches()[1:-1]} == {"prefix_latent_split_e4m3"}, plan.describe()
+    assert_close(_run_planned(plan, case), case.reference()[0], case, tol=4e-2)

@@ -140,3 +140,23 @@ def test_each_sm120_prefix_launch_names_its_mma_sync_forms(fit_report):
         assert r["mma"] and all(form.startswith("m16n8k") for form in r["mma"]), where
         if r["variant"].startswith("kv=bf16"):
             assert "m16n8k16.f32.bf16.bf16.f32" in r["mma"], (where, r["mma"])
+
+
+def test_opt_in_e4m3_tile_multiplies_in_e4m3_on_sm120_only(fit_report):
+    """The opt-in fp8 tile (sm120/rules.SM120_E4M3) fits sm_120 and multiplies there on the e4m3 MMA: the
+    m16n8k32 e4m3 form in its PTX, QMMA in its SASS. sm_90 has no such instruction: ptxas rewrites it into fp16
+    HMMAs (two an MMA), which is why the H200's emulation cannot time this tile as sm_120 runs it."""
+    rows = [r for r in fit_report if r["kernel"] == "prefix_latent_split_e4m3"]
+    if gluon_shared.unavailable_reason():
+        assert not rows
+        return
+    sm120 = {r["variant"]: r for r in rows if r["target"] == "sm_120"}
+    sm90 = [r for r in rows if r["target"] == "sm_90"]
+    assert set(sm120) == {"kv=fp8e4nv,v_from_k=True,32x32", "kv=fp8e4nv,v_from_k=True,16x32"} and sm90
+    for variant, r in sm120.items():
+        assert r["must_fit"] and r["fits"] and r["stack"] == 0 and r["local"] == 0, (variant, r)
+        assert "m16n8k32.f32.e4m3.e4m3.f32" in r["mma"], (variant, r["mma"])
+        assert any(op.startswith("QMMA.16832.F32.E4M3.E4M3") for op in r["sass_mma"]), (variant, r["sass_mma"])
+    for r in sm90:
+        assert not any(op.startswith("QMMA") for op in r["sass_mma"]), r["sass_mma"]
+        assert any(op.startswith("HMMA") for op in r["sass_mma"]), r["sass_mma"]

@@ -166,3 +166,23 @@ def test_cuda_graph_replay_with_new_contents():
         assert torch.isfinite(got).all(), f"unwritten rows after replay with prefixes {prefix_lens}"
         err = ((got - ref).norm() / ref.norm()).item()
         assert err < 1e-2, f"replay with prefixes {prefix_lens}: relative error {err:.3e}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "e4m3"])
+def test_mma_gemm_ceiling_kernel_computes_the_product(dtype):
+    """bench's mma.sync ceiling GEMM (ddtree_tools/mma_gemm.py) multiplies correctly, on the instruction it names:
+    m16n8k32 e4m3 for 8-bit operands (what sm_120 runs natively), m16n8k16 bf16 for 16-bit."""
+    if not TARGET.compiled_gluon:
+        pytest.skip("mma_gemm is Gluon: it needs a Triton in gluon_shared.TESTED_TRITON")
+    from ddtree_tools.fit import mma_forms
+    from ddtree_tools.mma_gemm import mma_gemm
+
+    a = torch.randn(256, 512, device="cuda").to(dtype)
+    b = torch.randn(384, 512, device="cuda").to(dtype)
+    c, compiled = mma_gemm(a, b)
+    ref = a.double() @ b.double().T
+    assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-2
+    form = "m16n8k32.f32.e4m3.e4m3.f32" if dtype == torch.float8_e4m3fn else "m16n8k16.f32.bf16.bf16.f32"
+    assert mma_forms(compiled.asm["ptx"]) == [form]
+    with pytest.raises(ValueError, match="multiples of 128"):
+        mma_gemm(a[:100], b)

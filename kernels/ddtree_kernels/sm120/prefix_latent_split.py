@@ -149,15 +149,16 @@ if not _GLUON_ERROR:
 
     @gluon.jit
     def _softmax_step(s_buf, p_buf, alpha_buf, m_i, l_i, start, hi, offs_key, qk_scale, dtype: gl.constexpr,
-                      RED: gl.constexpr):
+                      RED: gl.constexpr, P_SCALE: gl.constexpr = 1.0):
         """The summed scores of keys start .. start + BLOCK_N (masked from hi on): the online softmax's new running
-        maximum and sum; P and the rescale of the accumulator go to shared memory for every warp."""
+        maximum and sum; P (x P_SCALE, in `dtype`) and the rescale of the accumulator go to shared memory for every
+        warp."""
         scores = gl.sum(s_buf.load(RED), 0)
         scores = gl.where((start + offs_key < hi)[None, :], scores * qk_scale, float("-inf"))
         m_new, m_safe, alpha = _raise_running_max(m_i, gl.max(scores, 1))
         p = gl.exp2(scores - m_safe[:, None])
         l_i = l_i * alpha + gl.sum(p, 1)
-        p_buf.store(gl.expand_dims(p.to(dtype), 0))
+        p_buf.store(gl.expand_dims((p * P_SCALE).to(dtype), 0))
         alpha_buf.store(alpha)
         return m_new, l_i
 
