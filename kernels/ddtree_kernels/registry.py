@@ -6,6 +6,8 @@ it with the types in `ARG_TYPES`. Nothing else lists a kernel's arguments.
 
 from __future__ import annotations
 
+import dataclasses
+
 from .hopper.launch import ENTRIES as HOPPER_ENTRIES
 from .launches import KernelEntry, Launch, VerifyShape
 from .merge import merge_parts_kernel
@@ -87,6 +89,13 @@ def _latent_split_launch(plan, tile: Tile, row_base: int, row_blocks: int) -> La
                   "(Gluon mma.sync, latent split)")
 
 
+def _latent_split_e4m3_launch(plan, tile: Tile, row_base: int, row_blocks: int) -> Launch:
+    """As the other latent-split tiles, plus the queries' e4m3 passes (tile option q_passes, default 2)."""
+    launch = _latent_split_launch(plan, tile, row_base, row_blocks)
+    return dataclasses.replace(launch, constexprs=(*launch.constexprs, ("Q_PASSES", tile.option("q_passes", 2))),
+                               note="(Gluon mma.sync e4m3, latent split)")
+
+
 def _tree_launch(plan) -> Launch:
     tile = plan.table.tree
     return Launch("tree", (plan.row_blocks(tile.block_m), plan.batch_size),
@@ -124,7 +133,7 @@ KERNELS: dict[str, KernelEntry] = {entry.name: entry for entry in (
                 label="prefix_latent_split_fp8", needs="Gluon, compiled, V in K, D 512+64"),
     KernelEntry("prefix_latent_split_e4m3",
                 getattr(prefix_latent_split_e4m3, "prefix_latent_split_e4m3_kernel", None),
-                latent_split_fp8_supports, _latent_split_launch, gluon=True, compile_variants=_GLUON_VARIANTS,
+                latent_split_fp8_supports, _latent_split_e4m3_launch, gluon=True, compile_variants=_GLUON_VARIANTS,
                 label="prefix_latent_split_e4m3", needs="Gluon, compiled, V in K, D 512+64"),
     *HOPPER_ENTRIES,
     KernelEntry("merge", merge_parts_kernel, _always, _merge_launch, label="merge",

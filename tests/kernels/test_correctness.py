@@ -244,12 +244,12 @@ def test_sm120_tiles_match_reference(prefix, draft, heads, opts, kernel):
                          ids=["glm5-rows-ragged", "decode"])
 def test_opt_in_e4m3_tile_matches_reference(prefix, draft, heads):
     """The opt-in fp8 tile on the e4m3 MMA (sm120/rules.SM120_E4M3: 32-row blocks and a 16-row tail; 16-row
-    decode) against the float64 reference at e4m3's precision: the queries and P rounded to 3 mantissa bits
-    give about 2.6e-2 (BENCHMARKS.md), a wrong product or a lost scale gives order 1."""
+    decode) against the float64 reference, within the 2e-2 it is built for: with the queries in two e4m3 passes
+    it measures 3e-3 to 1.1e-2 (BENCHMARKS.md); one pass gives 2.5e-2 to 3.1e-2, a lost scale order 1."""
     if not TARGET.compiled_gluon:
         pytest.skip("the e4m3 tile is Gluon: it needs a GPU and a Triton in gluon_shared.TESTED_TRITON")
     table = dataclasses.replace(SM120_E4M3, min_chunk=64)
     case = make_case(prefix, draft, heads, DEVICE, kv_dtype=FP8)
     plan = plan_verify(len(prefix), heads, case.max_draft, case.q.shape[0], TARGET, table=table, kv_fp8=True)
     assert {launch.kernel for launch in plan.launches()[1:-1]} == {"prefix_latent_split_e4m3"}, plan.describe()
-    assert_close(_run_planned(plan, case), case.reference()[0], case, tol=4e-2)
+    assert_close(_run_planned(plan, case), case.reference()[0], case, tol=2e-2)

@@ -5,17 +5,17 @@ fp16. Here the key tile is cp.async'd into shared memory as it lies in the pool 
 stage) and both products run on e4m3 operands with fp32 accumulation, half the MMAs of the fp16 path:
 
 - Scores: the queries are quantised in the kernel, one scale a (row, slice half), multiplied back into the
-  partial scores. The rope (16 columns a slice, less than the MMA's k of 32) is widened to fp16 and
-  multiplied in fp16.
+  partial scores, in two e4m3 passes (`Q_PASSES`): their rounding and its residual, into the same chain.
+  The rope (16 columns a slice, less than the MMA's k of 32) is widened to fp16 and multiplied in fp16.
 - Values: P x 256 in e4m3 (the scale is taken out of the output's). An 8-bit operand is k-contiguous in
   registers, and P . V's k is the keys, so V's bytes (contiguous along the value columns in the pool) are
   read from shared memory a byte at a time.
 
-Measured (BENCHMARKS.md, "fp8 on the e4m3 MMA"): 2.5e-2 from the float64 reference, the queries' rounding
-most of it (a second e4m3 pass for P changed nothing measurable), against 1.7e-3 for the widening tile and
-3.0e-2 for SGLang's fp8 path. On sm_90 ptxas rewrites each e4m3 mma.sync into fp16 conversions and two fp16
-MMAs, so the H200 cannot time it as sm_120 runs it. Only the opt-in table sm120/rules.SM120_E4M3 selects it,
-to be measured on sm_89+ (`python -m ddtree_tools.bench --table sm120-e4m3`).
+Measured (BENCHMARKS.md, "fp8 on the e4m3 MMA"): 3e-3 from the float64 reference on GLM-5's shapes (one query
+pass: 2.5e-2; P in one pass costs little), against 1.7e-3 for the widening tile and 3.0e-2 for SGLang's fp8
+path. On sm_90 ptxas rewrites each e4m3 mma.sync into fp16 conversions and two fp16 MMAs, so the H200 cannot
+time it as sm_120 runs it. Only the opt-in table sm120/rules.SM120_E4M3 selects it, to be measured on sm_89+
+(`python -m ddtree_tools.bench --table sm120-e4m3`).
 
 Same program structure, grid, partial outputs and LSEs as `prefix_latent_split_kernel`: 8 warps as SLICES x 2,
 each owning a quarter of the latent, its queries in registers, the slices' partial scores summed through
@@ -49,20 +49,39 @@ if not _GLUON_ERROR:
 if not _GLUON_ERROR:
 
     @gluon.jit
-    def _quantised(x, A_OP: gl.constexpr, SC: gl.constexpr):
-        """x ([SLICES, rows, k], fp32) as e4m3 operands scaled to e4m3's range a (slice, row), and the scales."""
-        amax = gl.max(gl.abs(x), 2)
-        scale = gl.where(amax > 0.0, amax * (1.0 / E4M3_MAX), 1.0)
-        q = (x / gl.expand_dims(scale, 2)).to(gl.float8e4nv)
-        return gl.convert_layout(q, A_OP), gl.convert_layout(scale, SC)
+    def _e4m3_parts(x):
+        """x (fp32, within e4m3's range) as two e4m3 tensors that sum to it within ~2**-8 of its magnitude: x
+        rounded to 3 mantissa bits (to nearest even, on its fp32 bits) and what that rounding left. (Rounding by
+        `x.to(float8e4nv).to(float32)` instead gives wrong values on Triton 3.6 when both stay in registers.)"""
+        bits = x.to(gl.int32, bitcast=True)
+        hi = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(gl.float32, bitcast=True)
+        return hi.to(gl.float8e4nv), (x - hi).to(gl.float8e4nv)
 
     @gluon.jit
-    def _scores_e4m3(q0, sc0, q1, sc1, qr, keys, rope, s_zero, s_buf, HALF: gl.constexpr, B8: gl.constexpr,
-                     B16: gl.constexpr):
+    def _quantised(x, A_OP: gl.constexpr, SC: gl.constexpr):
+        """x ([SLICES, rows, k], fp32) as e4m3 operands scaled to e4m3's range a (slice, row): its rounding, the
+        rounding's residual (_e4m3_parts), and the scales."""
+        amax = gl.max(gl.abs(x), 2)
+        scale = gl.where(amax > 0.0, amax * (1.0 / E4M3_MAX), 1.0)
+        hi, lo = _e4m3_parts(x / gl.expand_dims(scale, 2))
+        return gl.convert_layout(hi, A_OP), gl.convert_layout(lo, A_OP), gl.convert_layout(scale, SC)
+
+    @gluon.jit
+    def _half_scores(q, q_lo, keys, s_zero, B8: gl.constexpr, Q_PASSES: gl.constexpr):
+        """One e4m3 score chain: the queries' rounding, then (two passes) its residual, on the same key operand."""
+        k = keys.permute((0, 2, 1)).load(B8)
+        s = mma_v2(q, k, s_zero)
+        if Q_PASSES == 2:
+            s = mma_v2(q_lo, k, s)
+        return s
+
+    @gluon.jit
+    def _scores_e4m3(q0, q0_lo, sc0, q1, q1_lo, sc1, qr, keys, rope, s_zero, s_buf, HALF: gl.constexpr,
+                     B8: gl.constexpr, B16: gl.constexpr, Q_PASSES: gl.constexpr):
         """The slices' partial scores of one key tile (two e4m3 chains, each rescaled by its queries' scale,
         and the fp16 rope chain), stored for the sum."""
-        s0 = mma_v2(q0, keys.slice(0, HALF, dim=2).permute((0, 2, 1)).load(B8), s_zero)
-        s1 = mma_v2(q1, keys.slice(HALF, HALF, dim=2).permute((0, 2, 1)).load(B8), s_zero)
+        s0 = _half_scores(q0, q0_lo, keys.slice(0, HALF, dim=2), s_zero, B8, Q_PASSES)
+        s1 = _half_scores(q1, q1_lo, keys.slice(HALF, HALF, dim=2), s_zero, B8, Q_PASSES)
         s_r = mma_v2(qr, rope.permute((0, 2, 1)).load(B16).to(gl.float16), s_zero)
         s_buf.store(s0 * gl.expand_dims(sc0, 2) + s1 * gl.expand_dims(sc1, 2) + s_r)
 
@@ -71,7 +90,7 @@ if not _GLUON_ERROR:
                      q_start, row_end, kv_base, lo, hi, first_row, split,
                      stride_qt, stride_qh, stride_ks, stride_or, stride_op, stride_lr,
                      H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr):
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr, Q_PASSES: gl.constexpr):
         """Rows first_row .. first_row + BLOCK_M against keys lo .. hi of an fp8 cache, each key tile cp.async'd
         as it lies in the pool into the stage the MMAs do not read: this split's partial output."""
         NW: gl.constexpr = D_V // SLICES
@@ -101,9 +120,9 @@ if not _GLUON_ERROR:
         ROWS: gl.constexpr = gl.SliceLayout(1, S2)
         O_ROWS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, MMA))
 
-        q0, sc0 = _quantised(_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, 0, NW, HALF,
+        q0, q0_lo, sc0 = _quantised(_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, 0, NW, HALF,
                                              BLOCK_M, H, QL).to(gl.float32), A8, SC)
-        q1, sc1 = _quantised(_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, HALF, NW, HALF,
+        q1, q1_lo, sc1 = _quantised(_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, HALF, NW, HALF,
                                              BLOCK_M, H, QL).to(gl.float32), A8, SC)
         qr = gl.convert_layout(_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, D_V, RW, RW, BLOCK_M,
                                         H, G_ROPE).to(gl.float16), A16)
@@ -139,7 +158,8 @@ if not _GLUON_ERROR:
                     start + BLOCK_N, hi, stride_ks, D_V, D_R, BLOCK_N, G_NOPE, G_ROPE)
             slot, slot_r = _slots(kv_indices, kv_base, start + 2 * BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
             keys = nope_stages.index(stage)
-            _scores_e4m3(q0, sc0, q1, sc1, qr, keys, rope_stages.index(stage), s_zero, s_buf, HALF, B8, B16)
+            _scores_e4m3(q0, q0_lo, sc0, q1, q1_lo, sc1, qr, keys, rope_stages.index(stage), s_zero, s_buf, HALF,
+                         B8, B16, Q_PASSES)
             _cta_barrier()
             m_i, l_i = _softmax_step(s_buf, p_buf, alpha_buf, m_i, l_i, start, hi, offs_key, qk_scale, fp8, RED,
                                      P_SCALE)
@@ -158,7 +178,7 @@ if not _GLUON_ERROR:
         stride_or, stride_op, stride_lr,
         H: gl.constexpr, D_V: gl.constexpr, D_R: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        SCALE_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
+        SCALE_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, Q_PASSES: gl.constexpr, num_warps: gl.constexpr,
     ):
         """An fp8 e4m3 cache (k_scale, v_scale per tensor), multiplied in e4m3."""
         gl.static_assert((BLOCK_M == 16 or BLOCK_M == 32) and num_warps == 2 * SLICES and BLOCK_N == 32,
@@ -175,6 +195,6 @@ if not _GLUON_ERROR:
             else:
                 _attend_e4m3(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale, q_start, row_end,
                              kv_start, lo, hi, first_row, split, stride_qt, stride_qh, stride_ks, stride_or,
-                             stride_op, stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, num_warps)
+                             stride_op, stride_lr, H, D_V, D_R, BLOCK_M, BLOCK_N, num_warps, Q_PASSES)
         if USE_PDL:
             _grid_dependency(True)
