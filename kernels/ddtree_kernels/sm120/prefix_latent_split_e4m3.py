@@ -9,7 +9,8 @@ stage) and both products run on e4m3 operands with fp32 accumulation, half the M
   The rope (16 columns a slice, less than the MMA's k of 32) is widened to fp16 and multiplied in fp16.
 - Values: P x 256 in e4m3 (the scale is taken out of the output's). An 8-bit operand is k-contiguous in
   registers, and P . V's k is the keys, so V's bytes (contiguous along the value columns in the pool) are
-  read from shared memory a byte at a time.
+  transposed: read as 32-bit words (4 columns of a key) and permuted in registers into 4 keys of a column
+  (`_values`), with the accumulator's columns in a matching order until the store (`_value_order`).
 
 Measured (BENCHMARKS.md, "fp8 on the e4m3 MMA"): 3e-3 from the float64 reference on GLM-5's shapes (one query
 pass: 2.5e-2; P in one pass costs little), against 1.7e-3 for the widening tile and 3.0e-2 for SGLang's fp8
@@ -34,7 +35,6 @@ if not _GLUON_ERROR:
     from ..gluon_shared import _cta_barrier, _dequant_scales, _grid_dependency, _program_work
     from .prefix_latent_split import (
         SLICES,
-        _accumulate,
         _empty_split,
         _gather,
         _queries,
@@ -86,6 +86,25 @@ if not _GLUON_ERROR:
         s_buf.store(s0 * gl.expand_dims(sc0, 2) + s1 * gl.expand_dims(sc1, 2) + s_r)
 
     @gluon.jit
+    def _values(keys, V_WORDS: gl.constexpr, B8: gl.constexpr):
+        """P . V's right operand from the key tile, columns in the order n = 64 d6 + 16 (d % 4) + 8 d5 + (d // 4 % 8)
+        for value column d: so each thread's bytes of four n-tiles are one 32-bit word of a key row, loaded whole
+        (V_WORDS) and transposed in registers, instead of a byte at a time."""
+        v = keys.load(V_WORDS)
+        S: gl.constexpr = v.shape[0]
+        K: gl.constexpr = v.shape[1]
+        v = gl.reshape(gl.permute(gl.reshape(v, [S, K, 2, 2, 8, 4]), (0, 1, 2, 5, 3, 4)), [S, K, 128])
+        return gl.convert_layout(v, B8)
+
+    @gluon.jit
+    def _value_order(acc, MMA: gl.constexpr):
+        """The accumulator's columns back in value order (the inverse of _values' order)."""
+        S: gl.constexpr = acc.shape[0]
+        M: gl.constexpr = acc.shape[1]
+        acc = gl.reshape(gl.permute(gl.reshape(acc, [S, M, 2, 4, 2, 8]), (0, 1, 2, 4, 5, 3)), [S, M, 128])
+        return gl.convert_layout(acc, MMA)
+
+    @gluon.jit
     def _attend_e4m3(Q, K_buf, kv_indices, O_part, LSE_part, qk_scale, out_scale,
                      q_start, row_end, kv_base, lo, hi, first_row, split,
                      stride_qt, stride_qh, stride_ks, stride_or, stride_op, stride_lr,
@@ -119,6 +138,12 @@ if not _GLUON_ERROR:
         S2: gl.constexpr = gl.SliceLayout(0, RED)
         ROWS: gl.constexpr = gl.SliceLayout(1, S2)
         O_ROWS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, MMA))
+        # V as 32-bit words: registers hold 4 columns x 4 keys (and keys + 16, columns + 64); lanes keys 4..12 and
+        # 8 words; warps the slice and 32-column halves (as the accumulator's warps, MMA's warp order).
+        V_WORDS: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 2, 0], [0, 16, 0], [0, 0, 64]],
+            lane_bases=[[0, 4, 0], [0, 8, 0], [0, 0, 4], [0, 0, 8], [0, 0, 16]],
+            warp_bases=[[0, 0, 32], [1, 0, 0], [2, 0, 0]], block_bases=[], shape=[SLICES, BLOCK_N, NW])
 
         q0, q0_lo, sc0 = _quantised(_queries(Q, q_start, first_row, row_end, stride_qt, stride_qh, 0, NW, HALF,
                                              BLOCK_M, H, QL).to(gl.float32), A8, SC)
@@ -164,8 +189,11 @@ if not _GLUON_ERROR:
             m_i, l_i = _softmax_step(s_buf, p_buf, alpha_buf, m_i, l_i, start, hi, offs_key, qk_scale, fp8, RED,
                                      P_SCALE)
             _cta_barrier()
-            acc = _accumulate(acc, keys, p_buf, alpha_buf, p_bcast, A8, B8, O_ROWS)  # V read a byte at a time
+            acc = acc * gl.expand_dims(gl.expand_dims(alpha_buf.load(O_ROWS), 0), 2)
+            p_op, _ = gl.broadcast(p_buf.load(A8), p_bcast)
+            acc = mma_v2(p_op, _values(keys, V_WORDS, B8), acc)
         async_copy.wait_group(0)
+        acc = _value_order(acc, MMA)
         _store_partial(O_part, LSE_part, acc, m_i, l_i, out_scale * (1.0 / P_SCALE), q_start, first_row, row_end,
                        split, stride_or, stride_op, stride_lr, H, D_V, BLOCK_M, MMA, ROWS, O_ROWS)
 
