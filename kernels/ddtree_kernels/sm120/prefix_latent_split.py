@@ -171,6 +171,15 @@ if not _GLUON_ERROR:
         return mma_v2(p_op, keys.load(B_OP), acc)
 
     @gluon.jit
+    def _online_state(dtype: gl.constexpr, NW: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      MMA: gl.constexpr, A_OP: gl.constexpr, ROWS: gl.constexpr, S2: gl.constexpr):
+        """The loop's starting state: the accumulator, the zero the score chains start from, the shape P's one copy
+        is broadcast to (in `dtype`), the running maximum and sum, and the key offsets of a tile."""
+        return (gl.zeros([SLICES, BLOCK_M, NW], gl.float32, MMA), gl.zeros([SLICES, BLOCK_M, BLOCK_N], gl.float32, MMA),
+                gl.zeros([SLICES, BLOCK_M, BLOCK_N], dtype, A_OP), gl.full([BLOCK_M], float("-inf"), gl.float32, ROWS),
+                gl.zeros([BLOCK_M], gl.float32, ROWS), gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S2)))
+
+    @gluon.jit
     def _store_partial(O_part, LSE_part, acc, m_i, l_i, out_scale, q_start, first_row, row_end, split,
                        stride_or, stride_op, stride_lr, H: gl.constexpr, D_V: gl.constexpr, BLOCK_M: gl.constexpr,
                        MMA: gl.constexpr, ROWS: gl.constexpr, O_ROWS: gl.constexpr):
@@ -253,12 +262,7 @@ if not _GLUON_ERROR:
         _gather(nope_stages.index(0), rope_stages.index(0), K_buf, slot, slot_r, lo, hi, stride_ks, D_V, D_R,
                 BLOCK_N, G_NOPE, G_ROPE)
         slot, slot_r = _slots(kv_indices, kv_base, lo + BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
-        acc = gl.zeros([SLICES, BLOCK_M, NW], gl.float32, MMA)
-        s_zero = gl.zeros([SLICES, BLOCK_M, BLOCK_N], gl.float32, MMA)
-        p_bcast = gl.zeros([SLICES, BLOCK_M, BLOCK_N], dtype, A_OP)  # the shape P's one copy is broadcast to
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROWS)
-        l_i = gl.zeros([BLOCK_M], gl.float32, ROWS)
-        offs_key = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S2))
+        acc, s_zero, p_bcast, m_i, l_i, offs_key = _online_state(dtype, NW, BLOCK_M, BLOCK_N, MMA, A_OP, ROWS, S2)
 
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
         # A 32-row tile's gather of the next tile waits until its scores are stored: issued at the top, its
@@ -330,12 +334,7 @@ if not _GLUON_ERROR:
         nope_stages.index(0).store(keys8.to(dtype))
         rope_stages.index(0).store(rope8.to(dtype))
         slot, slot_r = _slots(kv_indices, kv_base, lo + BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
-        acc = gl.zeros([SLICES, BLOCK_M, NW], gl.float32, MMA)
-        s_zero = gl.zeros([SLICES, BLOCK_M, BLOCK_N], gl.float32, MMA)
-        p_bcast = gl.zeros([SLICES, BLOCK_M, BLOCK_N], dtype, A_OP)
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROWS)
-        l_i = gl.zeros([BLOCK_M], gl.float32, ROWS)
-        offs_key = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S2))
+        acc, s_zero, p_bcast, m_i, l_i, offs_key = _online_state(dtype, NW, BLOCK_M, BLOCK_N, MMA, A_OP, ROWS, S2)
 
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
         for i in range(n_tiles):

@@ -37,6 +37,7 @@ if not _GLUON_ERROR:
         SLICES,
         _empty_split,
         _gather,
+        _online_state,
         _queries,
         _slots,
         _softmax_step,
@@ -166,12 +167,7 @@ if not _GLUON_ERROR:
         _gather(nope_stages.index(0), rope_stages.index(0), K_buf, slot, slot_r, lo, hi, stride_ks, D_V, D_R,
                 BLOCK_N, G_NOPE, G_ROPE)
         slot, slot_r = _slots(kv_indices, kv_base, lo + BLOCK_N, hi, BLOCK_N, G_NOPE, G_ROPE)
-        acc = gl.zeros([SLICES, BLOCK_M, NW], gl.float32, MMA)
-        s_zero = gl.zeros([SLICES, BLOCK_M, BLOCK_N], gl.float32, MMA)
-        p_bcast = gl.zeros([SLICES, BLOCK_M, BLOCK_N], fp8, A8)
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROWS)
-        l_i = gl.zeros([BLOCK_M], gl.float32, ROWS)
-        offs_key = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S2))
+        acc, s_zero, p_bcast, m_i, l_i, offs_key = _online_state(fp8, NW, BLOCK_M, BLOCK_N, MMA, A8, ROWS, S2)
 
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
         for i in range(n_tiles):
