@@ -134,10 +134,10 @@ testhost: setup  ## start the local test host ct-test-1 and its DDTree git sourc
 	@if [ -f $(TESTHOST_DIR)/testhosts.json ] && [ -f $(TESTHOST_DIR)/sglang-git/ddtree-v2.commit ] && \
 	  ip netns list | grep -q '^ddt-host1'; then \
 	  echo "test host ct-test-1 is up (10.213.1.2:2222; make testhost-down removes it)"; \
-	else $(BIN)/ddtree-ops testhost up --dir $(TESTHOST_DIR) --count 1; fi
+	else $(PY) -m tests.support.testhost up --dir $(TESTHOST_DIR) --count 1; fi
 
 testhost-down:  ## remove the local test host (kills only its own processes)
-	$(BIN)/ddtree-ops testhost down --dir $(TESTHOST_DIR)
+	$(PY) -m tests.support.testhost down --dir $(TESTHOST_DIR)
 
 clean:  ## remove build outputs (keeps .venv)
 	rm -rf dist build kernels/build kernels/*.egg-info .pytest_cache .ruff_cache

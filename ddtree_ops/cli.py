@@ -7,7 +7,6 @@
     ddtree-ops launch-check [--preload MODULE] [--json] (--launch LAUNCH.json [--with-api-key] | -- SERVER ARGS...)
     ddtree-ops serve LAUNCH.json
     ddtree-ops model-view CHECKPOINT VIEW [--json]
-    ddtree-ops testhost up|down [--dir .cache/testhosts] [--count 1]
     ddtree-ops bench --endpoint URL [--contexts 8192,...] [--concurrency 1,4] [--out DIR] [--previous FILE]
 """
 
@@ -170,16 +169,6 @@ def _model_view(args: argparse.Namespace) -> int:
     return 0
 
 
-def _testhost(args: argparse.Namespace) -> int:
-    from . import testhost
-
-    try:
-        return testhost.run(args)
-    except RuntimeError as exc:
-        print(f"ddtree-ops testhost {args.action}: {exc}", file=sys.stderr)
-        return 2
-
-
 def _endpoint_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", default=os.environ.get("DDTREE_ENDPOINT", "http://127.0.0.1:30000"),
                    help="base URL of the SGLang server (default $DDTREE_ENDPOINT or http://127.0.0.1:30000)")
@@ -257,12 +246,6 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("dest", help="the view's folder (config.json written, every other file linked)")
     v.add_argument("--json", action="store_true", help="print what was done as JSON")
     v.set_defaults(func=_model_view)
-
-    t = sub.add_parser("testhost", help="start or remove local test hosts (network namespaces with their own sshd)")
-    from .testhost import add_arguments as testhost_arguments
-
-    testhost_arguments(t)
-    t.set_defaults(func=_testhost)
 
     b = sub.add_parser("bench", help="decode throughput against context length and concurrency")
     _endpoint_args(b)

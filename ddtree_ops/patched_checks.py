@@ -65,7 +65,7 @@ def extract(path: Path, names: list[str], namespace: dict) -> dict:
 
 @contextlib.contextmanager
 def env(**values: str | None) -> Iterator[None]:
-    from ddtree_kernels.sglang.stand_ins import put
+    from ddtree_ops.module_stand_ins import put
 
     old = {k: os.environ.get(k) for k in values}
     for k, v in values.items():
@@ -79,7 +79,7 @@ def env(**values: str | None) -> Iterator[None]:
 
 def run_checks(checks: list[tuple[str, Callable[[], str | None]]], modules: dict[str, dict]) -> list[CheckResult]:
     """Run each (name, fn) with `modules` stood in; an exception is a failed check, not a crash."""
-    from ddtree_kernels.sglang.stand_ins import stand_in_modules
+    from ddtree_ops.module_stand_ins import stand_in_modules
 
     results = []
     for name, fn in checks:
@@ -243,7 +243,7 @@ def _triton_stand_in(new_layout: bool, max_context_len: int = 1000, num_draft_to
 
 def routing_checks(tree: SglangTree) -> list[CheckResult]:
     """The patched create_triton_backend: our subclass by default, SGLang's with the switch off."""
-    import ddtree_kernels
+    from ddtree_kernels.sglang import sglang_verify_fwd
 
     ns = extract(tree.package / REGISTRY, ["create_triton_backend"], {})
     create = ns["create_triton_backend"]
@@ -265,8 +265,8 @@ def routing_checks(tree: SglangTree) -> list[CheckResult]:
         assert b.use_verify_splitkv is True and b.use_verify_shared_kv is False
         assert b.verify_splitkv_fwd.__func__ is type(b)._ddtree_verify, b.verify_splitkv_fwd
         hook = getattr(type(b).ddtree_verify_hook, "__wrapped__", type(b).ddtree_verify_hook)
-        assert hook is ddtree_kernels.sglang_verify_fwd, hook
-        return "TARGET_VERIFY -> ddtree_kernels.sglang_verify_fwd"
+        assert hook is sglang_verify_fwd, hook
+        return "TARGET_VERIFY -> ddtree_kernels.sglang.sglang_verify_fwd"
 
     def switch_off_keeps_sglang():
         with env(DDTREE_VERIFY_KERNEL="sglang"):
@@ -384,15 +384,14 @@ def ddtree_checks(tree: SglangTree) -> list[CheckResult]:
         if compact:
             results += _compact_feed_contract(tree)
     if (tree.package / DDTREE_WORKER_V2).is_file():
-        from ddtree_kernels.sglang.triton_backend import KV_FILL_BODY, kv_fill_statements
+        from ddtree_kernels.sglang import replaces_kv_fill
 
         cls = next(n for n in _module_ast(tree.package / TRITON_BACKEND).body
                    if isinstance(n, ast.ClassDef) and n.name == "TritonAttnBackend")
         fill = next((n for n in cls.body if isinstance(n, ast.FunctionDef)
                      and n.name == "_fill_kv_indptr_and_indices"), None)
-        body = kv_fill_statements(fill) if fill else None
         results.append(CheckResult("ddtree v2: our backend takes over the KV index fill (same statements as SGLang's)",
-                                   body == KV_FILL_BODY, "; ".join(body or ["no such method"])[:300]))
+                                   replaces_kv_fill(fill), ast.unparse(fill)[:300] if fill else "no such method"))
         fn = next(n for n in ast.walk(_module_ast(tree.package / DDTREE_WORKER_V2))
                   if isinstance(n, ast.FunctionDef) and n.name == "forward_batch_generation")
         widths = [ast.unparse(n.value) for n in ast.walk(fn) if isinstance(n, ast.Assign)

@@ -1,4 +1,5 @@
-"""The wheels the deployment installs carry every module (editable installs would hide a gap)."""
+"""The wheels the deployment installs carry every module (editable installs would hide a gap), and nothing else:
+no test machinery (test hosts, their watchdog, stand-ins) goes onto a production host."""
 
 from __future__ import annotations
 
@@ -36,6 +37,23 @@ def test_ops_wheel_has_every_module(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     source = {str(p.relative_to(ROOT)) for p in (ROOT / "ddtree_ops").rglob("*.py")}
     assert source <= names, sorted(source - names)
+
+
+# What only tests use: it lives under tests/ and must never be found in a wheel.
+TEST_MACHINERY = ("testhost", "restart_watchdog", "standin", "stand_in_server", "conftest", "test_")
+
+
+def _test_machinery(names: set[str]) -> list[str]:
+    return sorted(n for n in names if n.endswith(".py") and any(Path(n).name.startswith(t) for t in TEST_MACHINERY))
+
+
+def test_wheels_hold_runtime_code_only(tmp_path):
+    kernel = set(zipfile.ZipFile(_build("kernels", tmp_path / "k")).namelist())
+    ops = set(zipfile.ZipFile(_build(".", tmp_path / "o")).namelist())
+    assert not _test_machinery(kernel) and not _test_machinery(ops), (_test_machinery(kernel), _test_machinery(ops))
+    assert not [n for n in kernel | ops if n.startswith("tests/")]
+    # the check can fail: the test hosts' module, were it in a package, is caught
+    assert _test_machinery({"ddtree_ops/testhost.py", "ddtree_ops/cli.py"}) == ["ddtree_ops/testhost.py"]
 
 
 def _third_party_imports(package: Path) -> set[str]:

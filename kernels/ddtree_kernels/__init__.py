@@ -2,16 +2,17 @@
 
 Public API:
   tree_verify_attention  standalone call with a compact tree mask
-  sglang_verify_fwd      SGLang's TritonAttnBackend verify hook (returns False to fall back)
   plan_verify, run_verify, Workspace, reserve_workspace   plan/run split for CUDA graphs
   reference.tree_verify_reference                       float64 torch reference
   masks                                                 parent arrays <-> visibility <-> SGLang flat masks
+
+SGLang's verify hook and backend live in `ddtree_kernels.sglang` (`sglang_verify_fwd`), the one place that
+knows SGLang; nothing in this package imports it.
 """
 
 from . import masks, reference
 from .api import tree_verify_attention
 from .launcher import VerifyPlan, Workspace, plan_verify, reserve_workspace, run_verify
-from .sglang_adapter import sglang_verify_fwd, unsupported_reason
 from .target import Target
 
 __version__ = "0.1.0"
@@ -25,8 +26,6 @@ __all__ = [
     "reference",
     "reserve_workspace",
     "run_verify",
-    "sglang_verify_fwd",
     "tree_verify_attention",
-    "unsupported_reason",
     "__version__",
 ]

@@ -11,8 +11,32 @@ import argparse
 import sys
 
 from .launcher import plan_verify
+from .plan_types import Rule, RuleTable
+from .registry import KERNELS
 from .selection import table_for
 from .target import NAMED, Target
+
+
+def rule_lines(rule: Rule, number: int) -> list[str]:
+    """A rule as table lines: its match, its tile and what that kernel needs, its row tails."""
+    needs = KERNELS[rule.tile.kernel].needs
+    extra = f" (keys <= {rule.key_width_max})" if rule.key_width_max else ""
+    out = [f"{number:>3}. {rule.cache:7} {rule.values:8} {rule.row_text():6} {rule.tile}{extra}"
+           f"{f'  [needs {needs}]' if needs else ''}"]
+    if rule.fused_tail_max_rows:
+        out.append(f"{'':29}rows past whole blocks: up to {rule.fused_tail_max_rows} a block, in them")
+    if rule.tail is not None:
+        out.append(f"{'':29}then up to {rule.tail_max_rows} tail rows: {rule.tail}")
+    return out
+
+
+def table_text(table: RuleTable) -> str:
+    """A rule table as text, in order: what `describe --table` prints."""
+    lines = [f"{table.name}: the first rule that matches the call and whose kernel runs on the target",
+             f"{'#':>4} {'cache':7} {'values':8} {'rows':6} prefix tile"]
+    for number, rule in enumerate(table.rules, 1):
+        lines += rule_lines(rule, number)
+    return "\n".join(lines)
 
 
 def describe(heads: int, draft: int, *, bs: int = 1, kv: str = "bf16", gpu: str = "sm120", sms: int | None = None,
@@ -20,13 +44,13 @@ def describe(heads: int, draft: int, *, bs: int = 1, kv: str = "bf16", gpu: str 
     """The plan's description (VerifyPlan.describe) for this shape on `gpu` (its SM count, or `sms`), and the
     rule it took. `gluon=False`: as with a Triton outside the Gluon tiles' tested range."""
     plan = plan_verify(bs, heads, draft, bs * draft, Target.named(gpu, sms=sms, gluon=gluon), kv_fp8=kv == "fp8")
-    rule = plan.rule.lines(plan.table.rules.index(plan.rule) + 1)
+    rule = rule_lines(plan.rule, plan.table.rules.index(plan.rule) + 1)
     return "\n".join([plan.describe(), f"  rule {rule[0].strip()}", *(f"  {line.strip()}" for line in rule[1:])])
 
 
 def describe_table(gpu: str = "sm120") -> str:
-    """The rule table `gpu` plans with (RuleTable.table)."""
-    return table_for(Target.named(gpu)).table()
+    """The rule table `gpu` plans with (table_text)."""
+    return table_text(table_for(Target.named(gpu)))
 
 
 def main(argv: list[str] | None = None) -> int:

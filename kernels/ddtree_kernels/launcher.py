@@ -18,9 +18,8 @@ import torch
 import triton
 
 from .interpreter import interpreting
-from .launches import Launch, VerifyShape
+from .plan_types import KernelEntry, Launch, Rule, RuleTable, Tile, VerifyShape
 from .registry import KERNELS
-from .rules import Rule, RuleTable, Tile
 from .selection import select, table_for
 from .target import Target, concrete_device
 
@@ -117,6 +116,13 @@ class VerifyPlan:
         prefix = [KERNELS[tile.kernel].launch(self, tile, row_base, blocks)
                   for tile, row_base, blocks in self.prefix_launches()]
         return (KERNELS["tree"].launch(self), *prefix, KERNELS["merge"].launch(self))
+
+    @cached_property
+    def steps(self) -> tuple[tuple[Launch, KernelEntry, tuple[str, ...]], ...]:
+        """(launch, its kernel's entry, the constexprs the call supplies) of each launch, resolved once a plan:
+        run_verify reads them on every call."""
+        return tuple((launch, KERNELS[launch.kernel], KERNELS[launch.kernel].call_constexprs(launch))
+                     for launch in self.launches())
 
     def describe(self) -> str:
         """One line for the plan, then one a launch: what a verify call of this shape runs."""
@@ -364,15 +370,14 @@ def run_verify(
         MASK_MODE=mask_mode, DOT_FP32=plan.target.interpreted, SCALE_FROM_PTR=scale_from_ptr,
         STORE_LSE=lse_out is not None,
     )
-    for launch in plan.launches():
-        entry = KERNELS[launch.kernel]
+    for launch, entry, call_constexprs in plan.steps:
         values.update(launch.scalars)
         # Gluon kernels pipeline by their NUM_STAGES constexpr; the tree kernel never waits on a grid.
         options = dict(num_warps=launch.num_warps, launch_pdl=plan.pdl and launch.kernel != "tree")
         if not entry.gluon:
             options["num_stages"] = launch.num_stages
         entry.fn[launch.grid](*[values[name] for name in entry.runtime], **launch.kwargs,
-                              **{name: values[name] for name in launch.call_constexprs}, **options)
+                              **{name: values[name] for name in call_constexprs}, **options)
 
 
 # Workspaces handed out by `shared_workspace`, per device. A larger call allocates a

@@ -9,10 +9,9 @@ from __future__ import annotations
 import dataclasses
 
 from .hopper.launch import ENTRIES as HOPPER_ENTRIES
-from .launches import KernelEntry, Launch, VerifyShape
 from .merge import merge_parts_kernel
+from .plan_types import KernelEntry, Launch, Tile, VerifyShape
 from .prefix_general import prefix_general_kernel
-from .rules import Tile
 from .sm120 import prefix_latent_split, prefix_latent_split_e4m3
 from .sm120.prefix_chunked import prefix_chunked_kernel
 from .target import Target
@@ -61,32 +60,37 @@ def latent_split_fp8_supports(target: Target, shape: VerifyShape) -> bool:
     return target.compiled_gluon and shape.kv_fp8 and shape.v_from_k and shape.d_v == 512 and shape.d_rope == 64
 
 
+def _tile_launch(tile: Tile) -> dict[str, int]:
+    """A prefix launch's warps, stages and programs an SM: its tile's."""
+    return dict(num_warps=tile.num_warps, num_stages=tile.num_stages, programs_per_sm=tile.programs_per_sm)
+
+
 def _prefix_scalars(plan, row_base: int) -> tuple[tuple[str, int], ...]:
     return (("min_chunk", plan.table.min_chunk), ("row_base", row_base))
 
 
 def _general_launch(plan, tile: Tile, row_base: int, row_blocks: int) -> Launch:
-    return Launch("prefix_general", (row_blocks, plan.num_splits, plan.batch_size),
-                  (*plan.dims(padded=True), ("BLOCK_M", tile.block_m), ("BLOCK_N", tile.block_n),
-                   ("V_FROM_K", plan.v_from_k), ("WIDEN_TO_FP16", plan.kv_fp8), ("PREFETCH_L2", plan.prefetch),
-                   ("USE_PDL", plan.pdl), ("KEYS_MAJOR", tile.keys_major)),
-                  _prefix_scalars(plan, row_base), tile.num_warps, tile.num_stages, tile.programs_per_sm, row_base,
-                  "(tl.dot)")
+    return Launch(kernel="prefix_general", grid=(row_blocks, plan.num_splits, plan.batch_size),
+                  constexprs=(*plan.dims(padded=True), ("BLOCK_M", tile.block_m), ("BLOCK_N", tile.block_n),
+                              ("V_FROM_K", plan.v_from_k), ("WIDEN_TO_FP16", plan.kv_fp8),
+                              ("PREFETCH_L2", plan.prefetch), ("USE_PDL", plan.pdl), ("KEYS_MAJOR", tile.keys_major)),
+                  scalars=_prefix_scalars(plan, row_base), **_tile_launch(tile), row_base=row_base, note="(tl.dot)")
 
 
 def _chunked_launch(plan, tile: Tile, row_base: int, row_blocks: int) -> Launch:
-    return Launch("prefix_chunked", (row_blocks, plan.num_splits, plan.batch_size),
-                  (*plan.dims(), ("BLOCK_M", tile.block_m), ("BLOCK_N", tile.block_n), ("PREFETCH_L2", plan.prefetch),
-                   ("USE_PDL", plan.pdl)),
-                  _prefix_scalars(plan, row_base), tile.num_warps, tile.num_stages, tile.programs_per_sm, row_base,
-                  "(tl.dot, 4 score chains)")
+    return Launch(kernel="prefix_chunked", grid=(row_blocks, plan.num_splits, plan.batch_size),
+                  constexprs=(*plan.dims(), ("BLOCK_M", tile.block_m), ("BLOCK_N", tile.block_n),
+                              ("PREFETCH_L2", plan.prefetch), ("USE_PDL", plan.pdl)),
+                  scalars=_prefix_scalars(plan, row_base), **_tile_launch(tile), row_base=row_base,
+                  note="(tl.dot, 4 score chains)")
 
 
 def _latent_split_launch(plan, tile: Tile, row_base: int, row_blocks: int) -> Launch:
-    return Launch(tile.kernel, (row_blocks, plan.num_splits, plan.batch_size),
-                  (*plan.dims(), ("BLOCK_M", tile.block_m), ("BLOCK_N", tile.block_n), ("USE_PDL", plan.pdl)),
-                  _prefix_scalars(plan, row_base), tile.num_warps, tile.num_stages, tile.programs_per_sm, row_base,
-                  "(Gluon mma.sync, latent split)")
+    return Launch(kernel=tile.kernel, grid=(row_blocks, plan.num_splits, plan.batch_size),
+                  constexprs=(*plan.dims(), ("BLOCK_M", tile.block_m), ("BLOCK_N", tile.block_n),
+                              ("USE_PDL", plan.pdl)),
+                  scalars=_prefix_scalars(plan, row_base), **_tile_launch(tile), row_base=row_base,
+                  note="(Gluon mma.sync, latent split)")
 
 
 def _latent_split_e4m3_launch(plan, tile: Tile, row_base: int, row_blocks: int) -> Launch:
@@ -98,18 +102,20 @@ def _latent_split_e4m3_launch(plan, tile: Tile, row_base: int, row_blocks: int) 
 
 def _tree_launch(plan) -> Launch:
     tile = plan.table.tree
-    return Launch("tree", (plan.row_blocks(tile.block_m), plan.batch_size),
-                  (*plan.dims(padded=True), ("BLOCK_M", tile.block_m), ("BLOCK_N", tile.block_n),
-                   ("USE_PDL", plan.pdl)),
-                  (("part", plan.num_splits),), tile.num_warps, tile.num_stages, 0)
+    return Launch(kernel="tree", grid=(plan.row_blocks(tile.block_m), plan.batch_size),
+                  constexprs=(*plan.dims(padded=True), ("BLOCK_M", tile.block_m), ("BLOCK_N", tile.block_n),
+                              ("USE_PDL", plan.pdl)),
+                  scalars=(("part", plan.num_splits),), num_warps=tile.num_warps, num_stages=tile.num_stages,
+                  programs_per_sm=0)
 
 
 def _merge_launch(plan) -> Launch:
     grid, block_d, block_s = plan.merge_grid
-    return Launch("merge", grid,
-                  (("H", plan.num_heads), ("D_V", plan.d_v), ("BLOCK_D", block_d), ("BLOCK_S", block_s),
-                   ("USE_PDL", plan.pdl)),
-                  (("batch", plan.batch_size), ("num_parts", plan.num_parts)), plan.table.merge_num_warps, 1, 0)
+    return Launch(kernel="merge", grid=grid,
+                  constexprs=(("H", plan.num_heads), ("D_V", plan.d_v), ("BLOCK_D", block_d), ("BLOCK_S", block_s),
+                              ("USE_PDL", plan.pdl)),
+                  scalars=(("batch", plan.batch_size), ("num_parts", plan.num_parts)),
+                  num_warps=plan.table.merge_num_warps, num_stages=1, programs_per_sm=0)
 
 
 _PREFIX_VARIANTS = ((("SCALE_FROM_PTR", False), ("DOT_FP32", False)),)

@@ -6,9 +6,8 @@
 from __future__ import annotations
 
 from .hopper.rules import HOPPER
-from .launches import VerifyShape
+from .plan_types import Rule, RuleTable, VerifyShape
 from .registry import KERNELS
-from .rules import Rule, RuleTable
 from .sm120.rules import SM120
 from .target import Target
 

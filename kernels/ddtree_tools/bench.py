@@ -42,7 +42,7 @@ import triton.language as tl
 
 from ddtree_kernels import masks, reference
 from ddtree_kernels.launcher import Workspace, plan_verify, run_verify
-from ddtree_kernels.rules import RuleTable
+from ddtree_kernels.plan_types import RuleTable
 from ddtree_kernels.selection import TABLES
 from ddtree_kernels.sm120.rules import SM120_E4M3
 from ddtree_kernels.target import SHARED_MEMORY_PER_SM, Target

@@ -30,9 +30,8 @@ from pathlib import Path
 
 from ddtree_kernels.gluon_shared import unavailable_reason
 from ddtree_kernels.launcher import plan_verify
-from ddtree_kernels.launches import Launch
+from ddtree_kernels.plan_types import Launch, RuleTable
 from ddtree_kernels.registry import ALIGNED_ARGS, ARG_TYPES, KERNELS
-from ddtree_kernels.rules import RuleTable
 from ddtree_kernels.selection import TABLES, capabilities_choosing
 from ddtree_kernels.sm120.rules import SM120_E4M3
 from ddtree_kernels.target import NAMED, SHARED_MEMORY_LIMIT, SHARED_MEMORY_PER_SM, Target

@@ -3,7 +3,7 @@
 The kernel files are read from the wheel at run time (never copied into this repo)
 into a private package tree. The few SGLang runtime modules they import
 (`sglang.srt.environ.envs` and a handful of `sglang.srt.utils` probes) are stood in while they
-import (`ddtree_kernels.sglang.stand_ins`), answering as a CUDA build (when a GPU is there)
+import (`ddtree_ops.module_stand_ins`), answering as a CUDA build (when a GPU is there)
 with every opt-in environment switch at its default (off).
 """
 
@@ -15,7 +15,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from ddtree_kernels.sglang.stand_ins import stand_in_modules
+from ddtree_ops.module_stand_ins import stand_in_modules
 
 # Where the kernels live, newest layout first (0.5.23 moved them out of srt/).
 _LAYOUTS = ("sglang/kernels/ops/attention", "sglang/srt/layers/attention/triton_ops")

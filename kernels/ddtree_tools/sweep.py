@@ -30,7 +30,7 @@ import torch
 import triton
 
 from ddtree_kernels.launcher import Workspace, plan_verify
-from ddtree_kernels.rules import Rule, RuleTable, Tile
+from ddtree_kernels.plan_types import Rule, RuleTable, Tile
 from ddtree_kernels.sm120.rules import SM120
 from ddtree_kernels.target import Target
 

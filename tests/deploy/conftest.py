@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from ddtree_ops import testhost
+from tests.support import testhost
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT = "/srv/ddtree"

@@ -28,7 +28,7 @@ import pytest
 import requests
 
 from ddtree_ops import hosts as remote
-from ddtree_ops import testhost
+from tests.support import testhost
 
 from .conftest import REPO, ROOT, UNIT, Hosts
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from ddtree_ops import hosts as remote
-from ddtree_ops import testhost
+from tests.support import testhost
 
 
 def _pids(netns: str) -> list[str]:
@@ -30,7 +30,7 @@ def test_down_removes_what_a_killed_run_left(tmp_path):
                 break
             time.sleep(0.1)
         assert _pids(left)
-        with pytest.raises(RuntimeError, match=f"{left} already exists.*ddtree-ops testhost down"):
+        with pytest.raises(RuntimeError, match=f"{left} already exists.*make testhost-down"):
             testhost.up(tmp_path, count=1, prefix=prefix)
 
         assert testhost.remove_leftovers(prefix) == [left]

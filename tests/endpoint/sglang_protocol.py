@@ -1,7 +1,7 @@
 """SGLang's own OpenAI-protocol pydantic models, loaded from the real release wheel.
 
 protocol.py imports one SGLang helper (sglang.utils.convert_json_schema_to_str); it is
-stood in by name (ddtree_kernels.sglang.stand_ins.stand_in_modules) so the
+stood in by name (ddtree_ops.module_stand_ins.stand_in_modules) so the
 module loads without SGLang's GPU dependencies.
 """
 
@@ -13,7 +13,7 @@ import sys
 import types
 import zipfile
 
-from ddtree_kernels.sglang.stand_ins import stand_in_modules
+from ddtree_ops.module_stand_ins import stand_in_modules
 from ddtree_ops.wheels import sglang_wheel
 
 PROTOCOL = "sglang/srt/entrypoints/openai/protocol.py"

@@ -12,13 +12,14 @@ import pytest
 import torch
 
 import ddtree_kernels as dk
+from ddtree_kernels.sglang import sglang_verify_fwd, unsupported_reason
 
 from .cases import DEVICE, TARGET, make_case
 
 
 def _call(case, out, *, q=None, k_buffer=None, v_buffer=None, k_extend=None, custom_mask="case",
           mask_indptr="case", max_len=None, **kwargs):
-    return dk.sglang_verify_fwd(
+    return sglang_verify_fwd(
         case.q if q is None else q,
         case.k_draft if k_extend is None else k_extend,
         case.v_draft,
@@ -77,14 +78,14 @@ def test_unsupported_reason_names_the_feature(case):
     args = (case.q, case.k_draft, case.v_draft, torch.empty(9, 8, 512, dtype=torch.bfloat16, device=DEVICE),
             case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr, case.kv_indices, case.custom_mask, True,
             case.mask_indptr, 9)
-    assert dk.unsupported_reason(*args) is None
-    assert dk.unsupported_reason(*args, sinks=torch.zeros(8)) == "attention sinks"
-    assert "page_size" in dk.unsupported_reason(*args, page_size=64)
+    assert unsupported_reason(*args) is None
+    assert unsupported_reason(*args, sinks=torch.zeros(8)) == "attention sinks"
+    assert "page_size" in unsupported_reason(*args, page_size=64)
 
 
 def test_signature_matches_sglang_extend_attention_positionally():
     """The 16 positional parameters SGLang passes, in SGLang's order (DESIGN.md §2)."""
-    params = list(inspect.signature(dk.sglang_verify_fwd).parameters)
+    params = list(inspect.signature(sglang_verify_fwd).parameters)
     assert params[:16] == [
         "q_extend", "k_extend", "v_extend", "o_extend", "k_buffer", "v_buffer", "qo_indptr", "kv_indptr",
         "kv_indices", "custom_mask", "is_causal", "mask_indptr", "max_len_extend", "k_scale", "v_scale",
@@ -98,13 +99,13 @@ def test_both_entry_points_refuse_the_same_tensors(case):
     args = (case.q, case.k_draft, case.v_draft, torch.empty(9, 8, 512, dtype=torch.bfloat16, device=DEVICE),
             case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr, case.kv_indices, case.custom_mask, True,
             case.mask_indptr, 9)
-    reason = dk.unsupported_reason(wide, *args[1:])
+    reason = unsupported_reason(wide, *args[1:])
     assert reason is not None and "head dims disagree" in reason
     with pytest.raises(ValueError, match="head dims disagree"):
         dk.tree_verify_attention(wide, case.k_cache, case.kv_indptr, case.kv_indices, case.k_draft, case.qo_indptr,
                                  case.visibility, target=TARGET)
     fp32 = case.q.float()
-    assert "q/out dtype" in dk.unsupported_reason(fp32, *args[1:])
+    assert "q/out dtype" in unsupported_reason(fp32, *args[1:])
     with pytest.raises(ValueError, match="q/out dtype"):
         dk.tree_verify_attention(fp32, case.k_cache, case.kv_indptr, case.kv_indices, case.k_draft, case.qo_indptr,
                                  case.visibility, target=TARGET)

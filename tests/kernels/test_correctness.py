@@ -15,6 +15,7 @@ import torch
 import ddtree_kernels as dk
 from ddtree_kernels.hopper.rules import HOPPER
 from ddtree_kernels.launcher import Workspace, cache_layout, plan_verify, run_verify
+from ddtree_kernels.sglang import sglang_verify_fwd
 from ddtree_kernels.sm120.rules import SM120, SM120_E4M3
 from ddtree_kernels.tree import MASK_COMPACT
 
@@ -50,7 +51,7 @@ def test_sglang_adapter_matches_reference(prefix, draft, heads, opts):
     case = make_case(prefix, draft, heads, DEVICE, **opts)
     out = _poisoned_out(case)
     lse = torch.full(out.shape[:2], float("nan"), dtype=torch.float32, device=DEVICE)
-    served = dk.sglang_verify_fwd(
+    served = sglang_verify_fwd(
         case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache,
         case.qo_indptr, case.kv_indptr, case.kv_indices, case.custom_mask,
         opts.get("tree") != "full", case.mask_indptr, case.max_draft,
@@ -107,7 +108,7 @@ def test_fp8_scales_as_device_tensors():
     case = make_case([900], [9], 8, DEVICE, kv_dtype=FP8)
     out = _poisoned_out(case)
     scale = torch.tensor(case.k_scale, device=DEVICE)
-    assert dk.sglang_verify_fwd(
+    assert sglang_verify_fwd(
         case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr,
         case.kv_indices, case.custom_mask, True, case.mask_indptr, case.max_draft, scale, scale, case.sm_scale,
         target=TARGET,
@@ -125,7 +126,7 @@ def test_padded_rows_past_the_last_request_are_left_alone():
     v_draft = torch.cat([case.v_draft, torch.zeros(pad, *case.v_draft.shape[1:], dtype=case.v_draft.dtype,
                                                    device=DEVICE)])
     out = torch.full((q.shape[0], 8, case.d_v), 7.0, dtype=q.dtype, device=DEVICE)
-    assert dk.sglang_verify_fwd(
+    assert sglang_verify_fwd(
         q, k_draft, v_draft, out, case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr, case.kv_indices,
         case.custom_mask, True, case.mask_indptr, case.max_draft, 1.0, 1.0, case.sm_scale, target=TARGET,
     )

@@ -85,7 +85,7 @@ def test_glm5_on_sm120_reads_the_prefix_three_times():
 @pytest.mark.parametrize("target", [Target.interpreter(), Target.named("sm120"), Target.named("sm120", gluon=False),
                                     Target.named("sm90"), Target.named("sm90", gluon=False)], ids=str)
 def test_launch_constexprs_are_what_the_kernel_is_compiled_with(target):
-    """run_verify passes Launch.constexprs plus the call's own (Launch.call_constexprs): the call's must be
+    """run_verify passes Launch.constexprs plus the call's own (KernelEntry.call_constexprs): the call's must be
     values run_verify has, so fit compiles exactly what runs; and each runtime argument needs a type for fit."""
     from ddtree_kernels.registry import ARG_TYPES
 
@@ -95,12 +95,12 @@ def test_launch_constexprs_are_what_the_kernel_is_compiled_with(target):
                 entry = KERNELS[launch.kernel]
                 if entry.fn is None:  # a Gluon kernel this Triton does not build; such targets never plan it
                     continue
-                assert set(launch.call_constexprs) <= {"MASK_MODE", "DOT_FP32", "SCALE_FROM_PTR", "STORE_LSE"}
+                assert set(entry.call_constexprs(launch)) <= {"MASK_MODE", "DOT_FP32", "SCALE_FROM_PTR", "STORE_LSE"}
                 assert {name for name, _ in launch.constexprs} <= entry.constexpr_names, launch.kernel
                 assert set(entry.runtime) <= set(ARG_TYPES), launch.kernel
                 assert {name for name, _ in launch.scalars} <= set(entry.runtime), launch.kernel
                 variants = {name for variant in entry.compile_variants for name, _ in variant}
-                assert set(launch.call_constexprs) == variants, launch.kernel
+                assert set(entry.call_constexprs(launch)) == variants, launch.kernel
 
 
 def test_description_names_the_target_table_rule_and_launches(capsys):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import ddtree_kernels as dk
 from ddtree_kernels import masks, reference
 from ddtree_kernels.launcher import plan_verify, reserve_workspace
+from ddtree_kernels.sglang import sglang_verify_fwd
 
 from .cases import TARGET, assert_close, make_case
 
@@ -78,7 +78,7 @@ def test_large_cases_match_reference(prefix, draft, heads, opts, hopper_path):
     plan = plan_verify(len(prefix), heads, max(draft), sum(draft), TARGET, kv_fp8=opts.get("kv_dtype") == FP8)
     assert _path(plan) == (hopper_path if _gluon_here() else "triton"), plan.describe()
     out = torch.full((case.q.shape[0], heads, 512), float("nan"), dtype=case.q.dtype, device="cuda")
-    assert dk.sglang_verify_fwd(
+    assert sglang_verify_fwd(
         case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr,
         case.kv_indices, case.custom_mask, True, case.mask_indptr, case.max_draft,
         case.k_scale, case.v_scale, case.sm_scale, target=TARGET,
@@ -93,11 +93,11 @@ def test_no_host_synchronisation():
     scale = torch.tensor(case.k_scale, device="cuda")
     args = (case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr,
             case.kv_indices, case.custom_mask, True, case.mask_indptr, 9, scale, scale, case.sm_scale)
-    assert dk.sglang_verify_fwd(*args, target=TARGET)  # compile outside the check
+    assert sglang_verify_fwd(*args, target=TARGET)  # compile outside the check
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        assert dk.sglang_verify_fwd(*args, target=TARGET)
+        assert sglang_verify_fwd(*args, target=TARGET)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert_close(out, case.reference()[0], case)
@@ -141,7 +141,7 @@ def test_cuda_graph_replay_with_new_contents():
         return vis
 
     def call():
-        return dk.sglang_verify_fwd(
+        return sglang_verify_fwd(
             static["q"], static["k_draft"], static["v_draft"], static["out"], k_cache, k_cache[..., :d_v],
             static["qo"], static["kv"], static["kv_indices"], static["mask"], True, static["mask_indptr"], n,
             1.0, 1.0, 1 / 16, target=TARGET,

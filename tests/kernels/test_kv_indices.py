@@ -9,8 +9,8 @@ import types
 
 import torch
 
-from ddtree_kernels.kv_indices import BLOCK, PROGRAMS, fill_kv_indices
 from ddtree_kernels.sglang import triton_backend
+from ddtree_kernels.sglang.kv_indices import BLOCK, PROGRAMS, fill_kv_indices, takes_kv_fill
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -83,7 +83,7 @@ def test_only_the_requests_of_the_batch(tmp_path):
 
 def test_backend_replaces_sglangs_fill_with_the_same_list(tmp_path):
     base = _module(tmp_path, SGLANG_FILL, "sglang_fill").TritonAttnBackend
-    assert triton_backend.takes_kv_fill(base)
+    assert takes_kv_fill(base)
     cls = triton_backend.ddtree_backend_class(base)
     backend = object.__new__(cls)
     (req_to_token, pools, lens, _), expected = _problem([300, 2, 4097])
@@ -99,5 +99,5 @@ def test_a_different_fill_is_left_alone(tmp_path):
     translated = SGLANG_FILL.replace("create_flashinfer_kv_indices_triton[(bs,)](",
                                      "self.kv_index_translator.fill(")
     base = _module(tmp_path, translated, "sglang_translated").TritonAttnBackend
-    assert not triton_backend.takes_kv_fill(base)
+    assert not takes_kv_fill(base)
     assert "_fill_kv_indptr_and_indices" not in vars(triton_backend.ddtree_backend_class(base))

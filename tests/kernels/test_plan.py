@@ -11,9 +11,8 @@ from ddtree_kernels import gluon_shared
 from ddtree_kernels.hopper.launch import LATE_SPLIT_TILES, wgmma_supports
 from ddtree_kernels.hopper.rules import HOPPER
 from ddtree_kernels.launcher import merge_tile, plan_verify, split_count
-from ddtree_kernels.launches import VerifyShape
+from ddtree_kernels.plan_types import Rule, VerifyShape
 from ddtree_kernels.registry import KERNELS
-from ddtree_kernels.rules import Rule
 from ddtree_kernels.selection import TABLES, runs, table_for
 from ddtree_kernels.sm120.rules import SM120
 from ddtree_kernels.target import Target

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from ddtree_kernels import selfcheck
+from ddtree_kernels.sglang import selfcheck
 
 
 @pytest.mark.parametrize("kv_dtype", ["bfloat16", "fp8_e4m3"])

@@ -20,7 +20,7 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from ddtree_kernels import flat_mask, kv_indices
+from ddtree_kernels.sglang import flat_mask, kv_indices
 
 kernels = {
     "kv_indices": (kv_indices._kv_indices_kernel,

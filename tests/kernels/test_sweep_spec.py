@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from ddtree_kernels.rules import Tile
+from ddtree_kernels.plan_types import Tile
 from ddtree_tools.sweep import _tile, sweep_table
 
 

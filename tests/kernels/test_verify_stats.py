@@ -10,8 +10,8 @@ import logging
 import pytest
 import torch
 
-import ddtree_kernels as dk
-from ddtree_kernels import sglang_adapter
+from ddtree_kernels.sglang import adapter as sglang_adapter
+from ddtree_kernels.sglang import sglang_verify_fwd
 from ddtree_kernels.sglang.verify_stats import STATS_DIR_ENV, VerifyStats
 from ddtree_ops.smoke import read_verify_stats
 
@@ -28,7 +28,7 @@ def stats(monkeypatch, tmp_path):
 
 def _call(case, **kwargs) -> bool:
     out = torch.zeros(case.q.shape[0], case.q.shape[1], 512, dtype=case.q.dtype, device=case.q.device)
-    return dk.sglang_verify_fwd(case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache,
+    return sglang_verify_fwd(case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache,
                                 case.qo_indptr, case.kv_indptr, case.kv_indices, case.custom_mask, True,
                                 case.mask_indptr, case.max_draft, 1.0, 1.0, case.sm_scale, **kwargs, target=TARGET)
 

@@ -14,9 +14,8 @@ import types
 import pytest
 import torch
 
-import ddtree_kernels as dk
-from ddtree_kernels.flat_mask import write_sglang_flat_mask
-from ddtree_kernels.sglang import triton_backend
+from ddtree_kernels.sglang import sglang_verify_fwd, triton_backend
+from ddtree_kernels.sglang.flat_mask import write_sglang_flat_mask
 
 from .cases import DEVICE, TARGET, assert_close, make_case
 
@@ -100,7 +99,7 @@ def test_hook_reads_the_visibility_rows_as_the_flat_mask():
     for kwargs in (dict(custom_mask=case.custom_mask), dict(custom_mask=None, tree_visibility=case.visibility)):
         out = torch.full_like(case.q[..., : case.d_v], float("nan"))
         mask = kwargs.pop("custom_mask")
-        assert dk.sglang_verify_fwd(case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache,
+        assert sglang_verify_fwd(case.q, case.k_draft, case.v_draft, out, case.k_cache, case.v_cache,
                                     case.qo_indptr, case.kv_indptr, case.kv_indices, mask, False,
                                     case.mask_indptr, N, 1.0, 1.0, case.sm_scale, **kwargs, target=TARGET)
         assert_close(out, ref, case)

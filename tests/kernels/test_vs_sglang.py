@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import ddtree_kernels as dk
+from ddtree_kernels.sglang import sglang_verify_fwd
 from ddtree_ops.wheels import sglang_wheel
 from ddtree_tools.sglang_wheel import load_sglang_attention
 
@@ -26,7 +26,7 @@ def sglang_extend():
 def test_matches_sglang_extend_attention(sglang_extend, tree):
     case = make_case([300, 17, 0], [9, 4, 9], 2, DEVICE, tree=tree)
     ours = torch.full((22, 2, 512), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-    assert dk.sglang_verify_fwd(
+    assert sglang_verify_fwd(
         case.q, case.k_draft, case.v_draft, ours, case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr,
         case.kv_indices, case.custom_mask, True, case.mask_indptr, case.max_draft, 1.0, 1.0, case.sm_scale,
         target=TARGET,

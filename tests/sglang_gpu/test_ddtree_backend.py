@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddtree_kernels import sglang_adapter
 from ddtree_kernels.reference import tree_verify_reference
+from ddtree_kernels.sglang import adapter as sglang_adapter
 from ddtree_kernels.sglang.verify_stats import VerifyStats
 
 from .harness import MAX_BS, PARALLEL, Layout, ddtree_verify_input, import_sglang, make_backend, runner, sglang_source
@@ -199,7 +199,7 @@ def test_the_backend_owns_a_workspace_for_every_captured_batch_size(sg, kv_dtype
     workspace = reserve_verify_workspace(backend, 4)
     assert isinstance(workspace, Workspace) and workspace.d_v == 512
     n = backend.ddtree_verify_width
-    plans = [plan_verify(bs, 8, n, bs * n, backend.ddtree_target, kv_fp8=kv_dtype == FP8) for bs in range(1, 5)]
+    plans = [plan_verify(bs, 8, n, bs * n, backend.ddtree_config.target, kv_fp8=kv_dtype == FP8) for bs in range(1, 5)]
     assert all(workspace.fits(plan) for plan in plans)
     assert workspace.lse_flat.numel() == max(Workspace.part_rows(plan) for plan in plans)
 

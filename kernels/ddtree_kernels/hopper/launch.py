@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import math
 
-from ..launches import KernelEntry, Launch, VerifyShape
-from ..rules import Tile
+from ..plan_types import KernelEntry, Launch, Tile, VerifyShape
 from ..target import Target
 from . import prefix_wgmma, prefix_wgmma_ws
 
@@ -59,13 +58,13 @@ def wgmma_launch(plan, tile: Tile, row_base: int, row_blocks: int) -> Launch:
     reserve = split_reserve(plan, tile, row_blocks)
     late_keys = LATE_SPLIT_TILES * tile.block_n if reserve else 0
     return Launch(
-        "hopper_wgmma_ws" if ws else "hopper_wgmma", (row_blocks, plan.num_splits, plan.batch_size),
-        (*plan.dims(), ("BLOCK_M", block_m), ("BLOCK_N", tile.block_n), ("NUM_STAGES", tile.num_stages),
-         ("TAIL_N", tail_n), ("KV_FP8", plan.kv_fp8), ("USE_PDL", plan.pdl)),
-        (("min_chunk", plan.table.min_chunk), ("split_reserve", reserve), ("late_keys", late_keys),
-         ("row_base", row_base), ("row_stride", row_stride)),
-        prefix_wgmma_ws.KERNEL_WARPS if ws else tile.num_warps, tile.num_stages, tile.programs_per_sm, row_base,
-        "(wgmma)")
+        kernel="hopper_wgmma_ws" if ws else "hopper_wgmma", grid=(row_blocks, plan.num_splits, plan.batch_size),
+        constexprs=(*plan.dims(), ("BLOCK_M", block_m), ("BLOCK_N", tile.block_n), ("NUM_STAGES", tile.num_stages),
+                    ("TAIL_N", tail_n), ("KV_FP8", plan.kv_fp8), ("USE_PDL", plan.pdl)),
+        scalars=(("min_chunk", plan.table.min_chunk), ("split_reserve", reserve), ("late_keys", late_keys),
+                 ("row_base", row_base), ("row_stride", row_stride)),
+        num_warps=prefix_wgmma_ws.KERNEL_WARPS if ws else tile.num_warps, num_stages=tile.num_stages,
+        programs_per_sm=tile.programs_per_sm, row_base=row_base, note="(wgmma)")
 
 
 _VARIANTS = ((("SCALE_FROM_PTR", False),),)

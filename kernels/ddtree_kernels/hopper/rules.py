@@ -10,7 +10,7 @@ prefix_general.py's tiles, two 16-row programs an SM, and 64-row ones from 64 ro
 
 from __future__ import annotations
 
-from ..rules import Rule, RuleTable, Tile
+from ..plan_types import Rule, RuleTable, Tile
 
 _GENERAL_16 = Tile("prefix_general", 16, 32, 4, 3, programs_per_sm=2)
 _GENERAL_16_FP8 = Tile("prefix_general", 16, 32, 4, 3, programs_per_sm=2, keys_major=True)

@@ -20,7 +20,12 @@ from __future__ import annotations
 import logging
 import os
 
+from .verify_config import VerifyConfig, verify_width
+
 logger = logging.getLogger("ddtree_kernels")
+
+__all__ = ["DDTREE_BACKEND_NAME", "ddtree_backend_class", "make_triton_backend", "reserve_verify_workspace",
+           "verify_kernel_choice", "verify_width"]
 
 DDTREE_BACKEND_NAME = "DDTreeTritonAttnBackend"
 _CHOICES = ("ddtree", "sglang")
@@ -38,19 +43,6 @@ def verify_kernel_choice() -> str:
 def _verify_mask_capacity(max_num_tokens: int, max_context_len: int, width: int) -> int:
     """Bytes of SGLang's flat verify mask: every request's [n, P + n] block at the longest P."""
     return max_num_tokens * (max_context_len + width)
-
-
-def verify_width(server_args) -> int:
-    """Draft tokens a request verifies at most: the DFlash block, or DDTree's budget + 1 if larger.
-
-    SGLang sizes its graph mask with speculative_num_draft_tokens (the DFlash block, e.g. 16),
-    but DDTree verifies budget + 1 tokens a request (65 at budget 64)."""
-    width = int(getattr(server_args, "speculative_num_draft_tokens", 0) or 0)
-    if str(getattr(server_args, "speculative_algorithm", "") or "").upper() == "DDTREE":
-        budget = getattr(server_args, "speculative_ddtree_budget", None)
-        if budget is not None:
-            width = max(width, int(budget) + 1)
-    return width
 
 
 def ddtree_feeds_visibility(backend) -> bool:
@@ -79,9 +71,9 @@ def ddtree_backend_class(base: type) -> type:
 
     import torch
 
-    from ..flat_mask import write_sglang_flat_mask
-    from ..sglang_adapter import sglang_verify_fwd
-    from ..target import Target
+    from .adapter import sglang_verify_fwd
+    from .flat_mask import write_sglang_flat_mask
+    from .kv_indices import fill_kv_indptr_and_indices, takes_kv_fill
 
     hook = torch.compiler.disable(sglang_verify_fwd)  # as SGLang wraps its own verify kernels
     hook_args = inspect.signature(sglang_verify_fwd)
@@ -95,12 +87,14 @@ def ddtree_backend_class(base: type) -> type:
 
         def __init__(self, model_runner, *args, **kwargs):
             super().__init__(model_runner, *args, **kwargs)
-            self.ddtree_verify_width = verify_width(model_runner.server_args)
-            _announce_plan(self, model_runner)
+            # Width, heads, the pool's cache and the target, read once: the description, the workspace and
+            # every verify call take them from here.
+            self.ddtree_config = VerifyConfig.for_backend(self, model_runner)
+            if not getattr(model_runner, "is_draft_worker", False):
+                _announce_plan(self.ddtree_config)
             self.use_verify_splitkv = True
             self.use_verify_shared_kv = False  # 0.5.18+: prefer our hook over the chain-only kernel
             self.verify_splitkv_fwd = self._ddtree_verify
-            self.ddtree_target = Target.detect(self.device)
             self.ddtree_workspace = None  # reserved with the CUDA-graph state, for every captured batch size
             self._tree_rows = None  # the verify in flight's tree as [T, stride] uint8 rows, or None
             self._graph_tree_rows = None
@@ -119,6 +113,10 @@ def ddtree_backend_class(base: type) -> type:
             width = max(1, self.ddtree_verify_width)
             self._graph_tree_rows = torch.zeros((max_num_tokens, width), dtype=torch.uint8, device=self.device)
             self.ddtree_workspace = reserve_verify_workspace(self, max_bs)
+
+        @property
+        def ddtree_verify_width(self) -> int:
+            return self.ddtree_config.width
 
         def init_forward_metadata(self, forward_batch):
             super().init_forward_metadata(forward_batch)
@@ -155,7 +153,7 @@ def ddtree_backend_class(base: type) -> type:
 
         def _ddtree_verify(self, *args, **kwargs):
             tree_rows = self._tree_rows
-            if hook(*args, tree_visibility=tree_rows, target=self.ddtree_target, workspace=self.ddtree_workspace,
+            if hook(*args, tree_visibility=tree_rows, config=self.ddtree_config, workspace=self.ddtree_workspace,
                     **kwargs):
                 return True
             if tree_rows is not None:
@@ -178,104 +176,33 @@ def ddtree_backend_class(base: type) -> type:
             return torch.empty(need, dtype=torch.bool, device=mask_indptr.device)
 
     if takes_kv_fill(base):
-        DDTreeTritonAttnBackend._fill_kv_indptr_and_indices = _fill_kv_indptr_and_indices
+        DDTreeTritonAttnBackend._fill_kv_indptr_and_indices = fill_kv_indptr_and_indices
     DDTreeTritonAttnBackend.__qualname__ = DDTREE_BACKEND_NAME
     return DDTreeTritonAttnBackend
 
 
-# The body of SGLang's `_fill_kv_indptr_and_indices` that ours replaces (0.5.14-0.5.20 and the DDTree branches);
-# 0.5.21+ fill the list through a KV index translator and keep their own.
-KV_FILL_BODY = [
-    "kv_indptr = self.kv_indptr[:bs + 1]",
-    "kv_indptr[1:] = torch.cumsum(seq_lens, dim=0)",
-    "create_flashinfer_kv_indices_triton[bs,](self.req_to_token, req_pool_indices, seq_lens, kv_indptr, None, "
-    "kv_indices, self.req_to_token.stride(0))",
-    "return kv_indptr",
-]
-
-
-def kv_fill_statements(fn) -> list[str] | None:
-    """A `_fill_kv_indptr_and_indices` definition (ast.FunctionDef) as statements, or None for another signature."""
-    import ast
-
-    if [a.arg for a in fn.args.args] != ["self", "bs", "seq_lens", "req_pool_indices", "kv_indices"]:
-        return None
-    body = fn.body[1:] if isinstance(fn.body[0], ast.Expr) and isinstance(fn.body[0].value, ast.Constant) else fn.body
-    return [ast.unparse(stmt) for stmt in body]
-
-
-def kv_fill_body(base: type) -> list[str] | None:
-    """The statements of `base._fill_kv_indptr_and_indices`, or None (another signature, no source)."""
-    import ast
-    import inspect
-    import textwrap
-
-    try:
-        fn = ast.parse(textwrap.dedent(inspect.getsource(base._fill_kv_indptr_and_indices))).body[0]
-    except (AttributeError, TypeError, OSError, SyntaxError):
-        return None
-    return kv_fill_statements(fn)
-
-
-def takes_kv_fill(base: type) -> bool:
-    """Whether `base` builds the KV index list exactly as the method ours replaces does."""
-    return kv_fill_body(base) == KV_FILL_BODY
-
-
-def _fill_kv_indptr_and_indices(self, bs, seq_lens, req_pool_indices, kv_indices):
-    """SGLang's method, same result, with the index copy spread over many programs a request (kv_indices.py)."""
-    import torch
-
-    from ..kv_indices import fill_kv_indices
-
-    kv_indptr = self.kv_indptr[: bs + 1]
-    kv_indptr[1:] = torch.cumsum(seq_lens, dim=0)
-    fill_kv_indices(self.req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices, bs=bs)
-    return kv_indptr
-
-
 def reserve_verify_workspace(backend, max_bs: int):
     """A workspace that fits this backend's verify at every batch size up to max_bs (allocated before graph
-    capture, reused by every call), or None, logged, where the pool's layout cannot be read (the hook then
-    uses the shared workspace)."""
-    from ..launcher import Workspace, cache_layout, plan_verify
-
-    try:
-        pool = backend.token_to_kv_pool
-        layer = int(getattr(pool, "start_layer", 0) or 0)
-        k_buf, v_buf = pool.get_key_buffer(layer), pool.get_value_buffer(layer)
-        kv_fp8, v_from_k = cache_layout(k_buf, v_buf)
-        d_v, width, heads = int(v_buf.shape[-1]), max(1, int(backend.ddtree_verify_width)), int(backend.num_head)
-        plans = [plan_verify(bs, heads, width, bs * width, backend.ddtree_target, d_v=d_v,
-                             d_rope=int(k_buf.shape[-1]) - d_v, kv_fp8=kv_fp8, v_from_k=v_from_k)
-                 for bs in range(1, max(1, int(max_bs)) + 1)]
-        return Workspace.for_plans(plans, backend.device)
-    except Exception as exc:  # a stand-in pool or another layout: the shared workspace still serves
-        logger.warning("ddtree-sm120: no verify workspace reserved (%s: %s); using the shared one",
-                       type(exc).__name__, exc)
+    capture, reused by every call), or None, logged, where the configuration has no cache layout or heads (a
+    stand-in backend: the hook then uses the shared workspace)."""
+    config = backend.ddtree_config
+    if not config.cache_known or config.heads < 1:
+        logger.warning("ddtree-sm120: no verify workspace reserved (no pool layout or heads in %s); using the "
+                       "shared one", config)
         return None
+    return config.workspace(max_bs, backend.device)
 
 
-_described: set[tuple] = set()
+_described: set[VerifyConfig] = set()
 
 
-def _announce_plan(backend, model_runner) -> None:
-    """Log once per served shape which kernels a one-request verify launches (VerifyPlan.describe)."""
-    import torch
-
-    from ..launcher import plan_verify
-
-    heads = int(getattr(backend, "num_head", 0) or 0)
-    width = int(backend.ddtree_verify_width or 0)
-    pool = getattr(model_runner, "token_to_kv_pool", None)
-    fp8 = getattr(pool, "dtype", None) in (torch.float8_e4m3fn,)
-    key = (heads, width, fp8, str(getattr(backend, "device", "")))
-    if key in _described or heads < 1 or width < 1 or getattr(model_runner, "is_draft_worker", False):
+def _announce_plan(config: VerifyConfig) -> None:
+    """Log once per served configuration which kernels a one-request verify launches (VerifyPlan.describe)."""
+    if config in _described or config.heads < 1 or config.width < 1:
         return
-    _described.add(key)
+    _described.add(config)
     try:
-        plan = plan_verify(1, heads, width, width, backend.device, kv_fp8=fp8)
-        logger.warning("ddtree-sm120: %s", plan.describe())
+        logger.warning("ddtree-sm120: %s", config.describe())
     except Exception as exc:  # a description must never stop a server from starting
         logger.warning("ddtree-sm120: no verify plan description (%s: %s)", type(exc).__name__, exc)
 

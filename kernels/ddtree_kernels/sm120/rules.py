@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..rules import Rule, RuleTable, Tile
+from ..plan_types import Rule, RuleTable, Tile
 
 _LATENT_16 = Tile("prefix_latent_split", 16, 32, 8, 2)
 _LATENT_32 = Tile("prefix_latent_split", 32, 32, 8, 2)

@@ -1,6 +1,6 @@
 """Run the kernels on this machine against the float64 reference, for the shape a server will serve.
 
-    python -m ddtree_kernels.selfcheck --heads 8 --draft 9 --kv-cache-dtype bfloat16 [--json]
+    python -m ddtree_kernels.sglang.selfcheck --heads 8 --draft 9 --kv-cache-dtype bfloat16 [--json]
 
 The deploy runs this with a new release's own venv on the host's own GPU before it switches to the
 release (roles/ddtree/tasks/selfcheck.yml): a kernel that computes wrong on that GPU (an sm_120 card
@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .masks import parents_to_visibility, random_parents
-from .reference import tree_verify_reference
-from .sglang_adapter import sglang_verify_fwd
+from ..masks import parents_to_visibility, random_parents
+from ..reference import tree_verify_reference
+from .adapter import sglang_verify_fwd
 
 # ||out - ref|| / ||ref|| allowed: bf16 operands land between 1e-3 and 1e-2; fp8 keys and values
 # carry 3 mantissa bits.
@@ -46,7 +46,7 @@ class CaseResult:
 def run_case(name: str, prefixes: list[int], drafts: list[int], heads: int, kv_dtype: str, device: str,
              gen: torch.Generator) -> CaseResult:
     """One verify call through SGLang's hook (flat mask, as the server calls it) against the reference."""
-    from .masks import visibility_to_sglang_flat
+    from ..masks import visibility_to_sglang_flat
 
     d_v, d_r = 512, 64
     bs, T = len(prefixes), sum(drafts)

@@ -10,7 +10,7 @@ systemd. Everything else (the Python installs, /usr) is this machine's, read as 
 Teardown kills only the processes inside the test's namespaces (by PID, `ip netns pids`),
 then deletes the namespaces and veth pairs, also when the test failed.
 
-Run `ddtree-ops testhost up` / `down` to keep hosts around by hand (make deploy with no HOST
+Run `python -m tests.support.testhost up` / `down` to keep hosts around by hand (make deploy with no HOST
 does this) at 10.213.<i>.2, the addresses inventory/test/hosts.yml defaults to. A test run takes
 the first free slot of its own (`up_in_free_slot`: namespaces `ddt<k>-host<i>`, subnet 10.<213+k>),
 so test runs on one machine and a hand-made host never clash; the inventory reads a workdir's subnet
@@ -184,7 +184,7 @@ def up(workdir: Path, count: int = 2, prefix: str = "ddt", subnet: str = SUBNET)
             # `ip netns add` is the claim: it fails if the name exists, so two runs cannot both take it.
             if subprocess.run(["ip", "netns", "add", netns], capture_output=True).returncode:
                 raise HostsTaken(f"network namespace {netns} already exists: another test run holds it, "
-                                 f"or a killed one left it (remove with `ddtree-ops testhost down`)")
+                                 f"or a killed one left it (remove with `make testhost-down`)")
             address = f"{subnet}.{i}.2"
             hosts.append(TestHost(f"ct-test-{i}", i, netns, veth, address, 0, []))  # down() removes it from here on
             _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns])
@@ -227,13 +227,13 @@ def up_in_free_slot(workdir: Path, count: int = 2) -> list[TestHost]:
         except HostsTaken:
             continue
     raise RuntimeError(f"all {len(SLOTS)} test-host slots are taken (ddt1-host1 … ddt{SLOTS[-1]}-host1): "
-                       f"remove what killed runs left with `ddtree-ops testhost down`")
+                       f"remove what killed runs left with `make testhost-down`")
 
 
 def build_standin_wheel(workdir: Path) -> Path:
     """Package tests/endpoint's stand-ins for the test hosts: `sglang_standin` (the server they run) and
     `sglang_standin_gpu_stack` (what the launch-argument check preloads in place of torch and friends)."""
-    endpoint = Path(__file__).resolve().parents[1] / "tests" / "endpoint"
+    endpoint = Path(__file__).resolve().parents[1] / "endpoint"
     if not endpoint.is_dir():
         raise RuntimeError(f"no stand-ins at {endpoint}: test hosts are made from a checkout of the repository")
     out = workdir / "wheels"
@@ -318,7 +318,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`ddtree-ops testhost up|down`."""
+    """`python -m tests.support.testhost up|down`."""
     workdir = Path(args.dir).resolve()
     if args.action == "down":
         down(workdir)
@@ -334,3 +334,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"{h.name}: root@{h.address} port {SSH_PORT} (netns {h.netns}), key {workdir}/id_ed25519")
     return 0
 
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tests.support.testhost up|down` (as root): what `make testhost` and `make testhost-down` run."""
+    ap = argparse.ArgumentParser(prog="python -m tests.support.testhost", description=__doc__.splitlines()[0])
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    try:
+        return run(args)
+    except RuntimeError as exc:
+        print(f"testhost {args.action}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

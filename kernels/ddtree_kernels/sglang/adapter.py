@@ -3,7 +3,7 @@
 SGLang (0.5.14+) calls the hook for TARGET_VERIFY with the positional arguments of
 `extend_attention_fwd` and falls back to `extend_attention_fwd` when it returns
 False. We return False, before writing anything, for every input we do not
-serve; `unsupported_reason` says which one and why, and sglang/verify_stats.py logs
+serve; `unsupported_reason` says which one and why, and verify_stats.py logs
 it (once a shape) and counts it, so a fallback is never silent.
 """
 
@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from .inputs import tensor_problem
-from .interpreter import interpreting
-from .launcher import Workspace, cache_layout, plan_verify, run_verify, shared_workspace
-from .sglang.verify_stats import STATS
-from .target import Target
-from .tree import MASK_CHAIN, MASK_COMPACT, MASK_FULL, MASK_SGLANG_FLAT
+from ..inputs import tensor_problem
+from ..interpreter import interpreting
+from ..launcher import Workspace, cache_layout, plan_verify, run_verify, shared_workspace
+from ..target import Target
+from ..tree import MASK_CHAIN, MASK_COMPACT, MASK_FULL, MASK_SGLANG_FLAT
+from .verify_config import VerifyConfig
+from .verify_stats import STATS
 
 # Keyword arguments SGLang may pass that do not change what the kernel must compute,
 # with the values under which that holds.
@@ -102,14 +103,16 @@ def sglang_verify_fwd(
     tree_visibility: torch.Tensor | None = None,
     target: Target | None = None,
     workspace: Workspace | None = None,
+    config: VerifyConfig | None = None,
     **kwargs,
 ) -> bool:
     """Write o_extend and return True, or return False (nothing written) to let SGLang fall back.
 
     tree_visibility: the tree as compact rows ([T, stride], uint8 or bool), given by a DDTree server
-    that builds no flat mask (patch 0004); it replaces custom_mask. `target`: the GPU to plan for (default
-    `Target.detect` of the tensors' device). `workspace`: the caller's (the backend reserves one before
-    CUDA-graph capture); a call it does not fit uses the shared one.
+    that builds no flat mask (patch 0004); it replaces custom_mask. `config`: the backend's verify
+    configuration (its target and the pool's cache, read once when it was built); without it, `target` (default
+    `Target.detect` of the tensors' device) and the buffers given say. `workspace`: the caller's (the backend
+    reserves one before CUDA-graph capture); a call it does not fit uses the shared one.
     """
     reason = unsupported_reason(
         q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
@@ -126,7 +129,11 @@ def sglang_verify_fwd(
     bs = qo_indptr.shape[0] - 1
     if T == 0 or bs == 0:
         return True
-    kv_fp8, v_from_k = cache_layout(k_buffer, v_buffer)
+    if config is not None and config.cache_known:
+        kv_fp8, v_from_k, target = config.kv_fp8, config.v_from_k, config.target
+    else:
+        kv_fp8, v_from_k = cache_layout(k_buffer, v_buffer)
+        target = config.target if config is not None else target
     plan = plan_verify(bs, H, max_len_extend, T, target or q_extend.device, d_v=d_v, d_rope=d_qk - d_v,
                        kv_fp8=kv_fp8, v_from_k=v_from_k)
     if workspace is None or not workspace.fits(plan):
