@@ -117,7 +117,7 @@ TARGET = $(if $(HOST),$(HOST),ct-test-1)
 CHECK_INVENTORY = @$(if $(HOST),test -e $(INVENTORY) || { echo "no inventory at $(INVENTORY): set INVENTORY=path \
 (default inventory/production/hosts.yml)"; exit 2; })
 
-deploy: setup  ## make deploy HOST=ct200 [ARGS="-e ddtree_ddtree_budget=16"]; no HOST: the DDTree branch on a local test host
+deploy: setup  ## make deploy HOST=ct200 [ARGS="-e ddtree_budget=16"]; no HOST: the DDTree branch on a local test host
 	$(CHECK_INVENTORY)
 	@$(if $(HOST),,$(MAKE) --no-print-directory testhost)
 	$(ANSIBLE) $(INVENTORY_ARG) playbooks/deploy.yml --limit $(TARGET) $(ARGS)

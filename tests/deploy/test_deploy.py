@@ -233,11 +233,11 @@ def test_pruning_keeps_current_and_previous_verified(hosts: Hosts):
     st = hosts.state(H2)
     r1 = st["current"]  # the OLD release, verified
     keep = {**hosts.source(NEW), "ddtree_releases_keep": 2}
-    assert hosts.play("deploy.yml", limit=H2, extra={**keep, "ddtree_ddtree_budget": 32}).rc == 0
+    assert hosts.play("deploy.yml", limit=H2, extra={**keep, "ddtree_budget": 32}).rc == 0
     r2 = hosts.state(H2)["current"]
     # the server answers, but every TARGET_VERIFY fell back to SGLang's slow path: not verified
     failing = hosts.play("deploy.yml", limit=H2, extra={
-        **keep, "ddtree_ddtree_budget": 16, "ddtree_env": {"STANDIN_VERIFY": "declined:sliding-window attention"}})
+        **keep, "ddtree_budget": 16, "ddtree_env": {"STANDIN_VERIFY": "declined:sliding-window attention"}})
     assert failing.rc != 0
     assert "never reached ddtree_kernels" in failing.output and "sliding-window attention" in failing.output
     st = hosts.state(H2)
@@ -249,7 +249,7 @@ def test_pruning_keeps_current_and_previous_verified(hosts: Hosts):
     hosts.sh(H2, f"touch -d '+1 hour' {ROOT}/releases/{r1}/.verified {ROOT}/releases/{r1}/.complete")
     # this deploy also takes the API key from the operator's environment, as production does
     key = "test-key-0123456789"
-    result = hosts.play("deploy.yml", limit=H2, extra={**keep, "ddtree_ddtree_budget": 8}, env={"DDTREE_API_KEY": key})
+    result = hosts.play("deploy.yml", limit=H2, extra={**keep, "ddtree_budget": 8}, env={"DDTREE_API_KEY": key})
     assert result.rc == 0, result.output[-4000:]
     assert key not in result.output  # no_log on the env file, the smoke test gets it from the environment
     hosts.api_key[H2] = key
@@ -277,7 +277,7 @@ def test_numeric_and_boolean_overrides_from_the_command_line(hosts: Hosts):
     result = hosts.play("deploy.yml", "-e", "ddtree_releases_keep=3", "-e", "ddtree_health_timeout_s=20",
                         "-e", "ddtree_min_free_disk_gb=1", "-e", "ddtree_smoke_min_accept_length=1.5",
                         "-e", "ddtree_smoke=true", "-e", "ddtree_smoke_verify_stats=false",
-                        "-e", "ddtree_ddtree_budget=10", limit=H1, extra=hosts.source(NEW))
+                        "-e", "ddtree_budget=10", limit=H1, extra=hosts.source(NEW))
     assert result.rc == 0, result.output[-4000:]
     _deployed(hosts, H1, NEW)
     assert _serving_budget(hosts, H1) == "10"
@@ -288,7 +288,7 @@ def test_an_interrupted_deploy_converges_on_its_rerun(hosts: Hosts):
     lock is left. The rerun is refused naming the lock's holder; with the lock broken it restarts the server
     (the process is not the current release), verifies and marks the release verified."""
     before = hosts.state(H1)
-    run = hosts.start("deploy.yml", "-e", "ddtree_ddtree_budget=12", limit=H1, extra=hosts.source(NEW))
+    run = hosts.start("deploy.yml", "-e", "ddtree_budget=12", limit=H1, extra=hosts.source(NEW))
     seen = []
     for line in run.stdout:
         seen.append(line)
@@ -300,11 +300,11 @@ def test_an_interrupted_deploy_converges_on_its_rerun(hosts: Hosts):
     assert mid["current"] != before["current"] and mid["serving"] == before["current"], "".join(seen[-20:])
     assert mid["lock"] and _serving_budget(hosts, H1) == "10"
 
-    refused = hosts.play("deploy.yml", "-e", "ddtree_ddtree_budget=12", limit=H1, extra=hosts.source(NEW))
+    refused = hosts.play("deploy.yml", "-e", "ddtree_budget=12", limit=H1, extra=hosts.source(NEW))
     text = " ".join(refused.output.split())
     assert refused.rc != 0 and "holds ct-test-1's lock" in text and "ddtree_break_lock=true" in text
     assert hosts.state(H1)["pids"] == mid["pids"]  # nothing was touched
-    result = hosts.play("deploy.yml", "-e", "ddtree_ddtree_budget=12", "-e", "ddtree_break_lock=true", limit=H1,
+    result = hosts.play("deploy.yml", "-e", "ddtree_budget=12", "-e", "ddtree_break_lock=true", limit=H1,
                         extra=hosts.source(NEW))
     assert result.rc == 0, result.output[-4000:]
     st = _deployed(hosts, H1, NEW)
@@ -312,12 +312,12 @@ def test_an_interrupted_deploy_converges_on_its_rerun(hosts: Hosts):
 
 
 def test_one_deploy_at_a_time(hosts: Hosts):
-    first = hosts.start("deploy.yml", "-e", "ddtree_ddtree_budget=14", limit=H1, extra=hosts.source(NEW))
+    first = hosts.start("deploy.yml", "-e", "ddtree_budget=14", limit=H1, extra=hosts.source(NEW))
     deadline = time.monotonic() + 120
     while not hosts.sh(H1, f"cat {ROOT}/.deploy-lock/owner.json 2>/dev/null || true"):
         assert time.monotonic() < deadline and first.poll() is None, "the first deploy never took the lock"
         time.sleep(0.5)
-    second = hosts.play("deploy.yml", "-e", "ddtree_ddtree_budget=16", limit=H1, extra=hosts.source(NEW))
+    second = hosts.play("deploy.yml", "-e", "ddtree_budget=16", limit=H1, extra=hosts.source(NEW))
     out, _ = first.communicate(timeout=900)
     assert first.returncode == 0, out[-4000:]
     text = " ".join(second.output.split())
@@ -332,13 +332,13 @@ def test_a_verified_release_failing_again_is_not_marked_failed(hosts: Hosts):
     run converges without a restart."""
     before = hosts.state(H1)
     hosts.sh(H1, "systemctl stop sglang-ddtree")
-    result = hosts.play("deploy.yml", "-e", "ddtree_ddtree_budget=14", "-e", "ddtree_smoke_min_accept_length=9",
+    result = hosts.play("deploy.yml", "-e", "ddtree_budget=14", "-e", "ddtree_smoke_min_accept_length=9",
                         limit=H1, extra=hosts.source(NEW))
     text = " ".join(result.output.split())
     assert result.rc != 0 and "had served and passed before, so it was not marked failed" in text, text[-3000:]
     after = hosts.state(H1)
     assert after["current"] == before["current"] and "failed" not in after["releases"][before["current"]]
-    again = hosts.play("deploy.yml", "-e", "ddtree_ddtree_budget=14", limit=H1, extra=hosts.source(NEW))
+    again = hosts.play("deploy.yml", "-e", "ddtree_budget=14", limit=H1, extra=hosts.source(NEW))
     assert again.rc == 0, again.output[-4000:]
     restart = again.output.split("TASK [ddtree : Restart the server on release", 1)[1].split("TASK [", 1)[0]
     assert "skipping" in restart  # the failed run had started this release; nothing to restart
@@ -363,7 +363,7 @@ def test_rollback_to_a_failed_release_needs_force_and_the_printed_hint_runs(host
     good = hosts.state(H1)["current"]
     low_acceptance = {"STANDIN_WARMUP_S": "1", "STANDIN_ACCEPT_LENGTH": "1"}
     smoke_fails = hosts.play("deploy.yml", limit=H1,
-                             extra={**hosts.source(NEW), "ddtree_ddtree_budget": 4, "ddtree_env": low_acceptance})
+                             extra={**hosts.source(NEW), "ddtree_budget": 4, "ddtree_env": low_acceptance})
     assert smoke_fails.rc != 0 and f"rolled back: release {good} is current and healthy" in " ".join(
         smoke_fails.output.split())
     st = hosts.state(H1)
@@ -385,7 +385,7 @@ def test_rollback_to_a_failed_release_needs_force_and_the_printed_hint_runs(host
 
 def test_a_failing_kernel_self_check_refuses_or_falls_back_to_sglang(hosts: Hosts):
     before = hosts.state(H1)
-    bad = {**hosts.source(NEW), "ddtree_selfcheck": True, "ddtree_selfcheck_heads": 0, "ddtree_ddtree_budget": 6}
+    bad = {**hosts.source(NEW), "ddtree_selfcheck": True, "ddtree_selfcheck_heads": 0, "ddtree_budget": 6}
     refused = hosts.play("deploy.yml", limit=H1, extra=bad)
     text = " ".join(refused.output.split())
     assert refused.rc != 0 and "ddtree_kernels computed wrong" in text and "was not switched to" in text
@@ -395,7 +395,7 @@ def test_a_failing_kernel_self_check_refuses_or_falls_back_to_sglang(hosts: Host
     assert "WARNING: ddtree_kernels computed wrong" in " ".join(fallback.output.split())
     st = _deployed(hosts, H1, NEW)
     assert st["info"]["verify_kernel"] == "sglang"
-    restore = hosts.play("deploy.yml", "-e", "ddtree_ddtree_budget=14", limit=H1, extra=hosts.source(NEW))
+    restore = hosts.play("deploy.yml", "-e", "ddtree_budget=14", limit=H1, extra=hosts.source(NEW))
     assert restore.rc == 0, restore.output[-3000:]
     manifest = json.loads(hosts.sh(H1, f"cat {ROOT}/current/manifest.json"))
     assert manifest["verify_kernel"] == "ddtree"

@@ -44,6 +44,10 @@ def test_missing_test_host_source_is_named():
     ({"ddtree_env": {"BAD NAME": "x"}}, ["ddtree_env"]),
     ({"ddtree_releases_keep": "1"}, ["ddtree_releases_keep must be at least 2"]),  # a string, as -e gives it
     ({"ddtree_model_path": ""}, ["empty value after --model-path", "ddtree_model_path"]),
+    ({"ddtree_kv_cache_dtype": "fp16"}, ["ddtree_kv_cache_dtype", "auto, bfloat16, fp8_e4m3"]),
+    # a setting the role owns, given again in the extra arguments (either spelling): named, with its variable
+    ({"ddtree_server_args_extra": ["--kv-cache-dtype=fp8_e4m3"]}, ["--kv-cache-dtype", "ddtree_kv_cache_dtype"]),
+    ({"ddtree_server_args_extra": ["--speculative-ddtree-budget", "16"]}, ["ddtree_budget"]),
 ])
 def test_bad_setting_fails_naming_the_variable(extra, names):
     # No test host here, so no DDTree git repository either: a well-formed commit stands for it.
