@@ -144,7 +144,7 @@ def make_git_sources(workdir: Path) -> dict[str, str]:
     commit to another as an operator's new pin does. Each commit is in <name>.commit beside it.
     (The older `ddtree` snapshot cannot be built here: its Rust extension has no opt-out and needs
     crates.io.)"""
-    from .ddtree_sources import git_checkout, load_sources, run_git
+    from ddtree_ops.ddtree_sources import git_checkout, load_sources, run_git
 
     source = next(s for s in load_sources() if s.name == "ddtree-v2")
     snapshot = source.snapshot_path()

@@ -1,0 +1,82 @@
+"""The lightning indexer over a draft tree: every tree token's logits over its visible keys.
+
+`logits[t, p] = sum_h w[t, h] * relu(q[t, h] . k[p]) * k_scale[p]` (reference.py) for the key positions p of
+token t's request: the prefix (slots `kv_indices[kv_indptr[b]:]`) and then the tree (slots `tree_slots`), with
+-inf at tree positions the token does not see (not an ancestor or itself). One program scores a key chunk for a
+block of BLOCK_T tokens x HI heads, which share every gathered key: a [BLOCK_N, 128] fp8 key tile times the
+[BLOCK_T * HI, 128] query tile on the tensor cores (e4m3 `mma.sync` m16n8k32 on sm_120), relu, gate, a sum over
+each token's heads. The keys are read once a token block; splits fill the GPU (launcher.split_count).
+
+Budget on sm_120 (DSA_SM120): keys 64 x 128 fp8 (8 KB) in 3 stages, queries 128 x 128 fp8 (16 KB), 4 warps.
+"""
+
+import triton
+import triton.language as tl
+
+from ..tile import dot_operand
+
+
+@triton.jit
+def request_keys(qo_indptr, kv_indptr, req, split, num_splits, min_chunk, BLOCK_N: tl.constexpr):
+    """(q_start, n_tokens, kv_start, prefix_len, lo, hi): the request's first tree token, its tree size, where
+    its slot indices start, its prefix length, and the key positions [lo, hi) of prefix + tree this split takes."""
+    q_start = tl.load(qo_indptr + req).to(tl.int32)
+    n_tok = tl.load(qo_indptr + req + 1).to(tl.int32) - q_start
+    kv_start = tl.load(kv_indptr + req).to(tl.int64)
+    prefix_len = (tl.load(kv_indptr + req + 1).to(tl.int64) - kv_start).to(tl.int32)
+    keys = prefix_len + n_tok
+    chunk = tl.maximum(tl.cdiv(keys, num_splits), min_chunk)
+    chunk = tl.cdiv(chunk, BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    return q_start, n_tok, kv_start, prefix_len, lo, tl.minimum(lo + chunk, keys)
+
+
+@triton.jit
+def key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, pos, ok):
+    """The slot of each key position: the prefix's from kv_indices, then the tree's own."""
+    in_prefix = pos < prefix_len
+    prefix_slot = tl.load(kv_indices + kv_start + pos, mask=ok & in_prefix, other=0)
+    tree_slot = tl.load(tree_slots + q_start + (pos - prefix_len), mask=ok & (pos >= prefix_len), other=0)
+    return tl.where(in_prefix, prefix_slot, tree_slot).to(tl.int64)
+
+
+@triton.jit
+def dsa_index_logits_kernel(
+    IQ, IW, index_k, index_s, kv_indices, kv_indptr, qo_indptr, tree_slots, vis, Logits, min_chunk,
+    stride_iqt, stride_iqh, stride_iwt, stride_ik, stride_is, stride_vis, stride_lt,
+    HI: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    tb = tl.program_id(0)
+    split = tl.program_id(1)
+    req = tl.program_id(2)
+    num_splits = tl.num_programs(1)
+    q_start, n_tok, kv_start, prefix_len, lo, hi = request_keys(qo_indptr, kv_indptr, req, split, num_splits,
+                                                                min_chunk, BLOCK_N)
+    if tb * BLOCK_T >= n_tok or lo >= hi:
+        return
+    # query rows: BLOCK_T tokens x HI heads, token-major
+    offs_r = tl.arange(0, BLOCK_T * HI)
+    tok = tb * BLOCK_T + offs_r // HI
+    tok_ok = tok < n_tok
+    offs_d = tl.arange(0, D)
+    q = tl.load(IQ + (q_start + tok).to(tl.int64)[:, None] * stride_iqt + (offs_r % HI)[:, None] * stride_iqh
+                + offs_d[None, :], mask=tok_ok[:, None], other=0.0)
+    w = tl.load(IW + (q_start + tok).to(tl.int64) * stride_iwt + offs_r % HI, mask=tok_ok, other=0.0)
+    offs_t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = offs_t < n_tok
+    out_rows = Logits + (q_start + offs_t).to(tl.int64) * stride_lt
+    for p0 in range(lo, hi, BLOCK_N):
+        pos = p0 + tl.arange(0, BLOCK_N)
+        ok = pos < hi
+        slots = key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, pos, ok)
+        k = tl.load(index_k + slots[:, None] * stride_ik + offs_d[None, :], mask=ok[:, None], other=0.0)
+        k_scale = tl.load(index_s + slots * stride_is + D // 4, mask=ok, other=0.0)
+        s = tl.dot(dot_operand(k, q, DOT_FP32), tl.trans(dot_operand(q, q, DOT_FP32)))  # [BLOCK_N, BLOCK_T * HI]
+        s = tl.maximum(s, 0.0) * w[None, :]
+        logits = tl.sum(tl.reshape(s, (BLOCK_N, BLOCK_T, HI)), 2) * k_scale[:, None]  # [BLOCK_N, BLOCK_T]
+        # tree keys: only the token's ancestors and itself are eligible
+        tree_pos = pos - prefix_len
+        seen = tl.load(vis + (q_start + offs_t).to(tl.int64)[None, :] * stride_vis + tree_pos[:, None],
+                       mask=(tree_pos >= 0)[:, None] & ok[:, None] & t_ok[None, :], other=1)
+        logits = tl.where(seen != 0, logits, float("-inf"))
+        tl.store(out_rows[None, :] + pos[:, None], logits, mask=ok[:, None] & t_ok[None, :])

@@ -1,0 +1,247 @@
+"""Plan and run one DSA tree-verify call: indexer, top-k (four histogram passes and a compaction), sparse MLA,
+merge. The same plan/run split as the dense verify (launcher.py): planning reads static facts only (shapes, the
+longest context, the target), the workspace belongs to the caller and is sized once, and `run_dsa_verify` only
+launches kernels, so a captured CUDA graph replays it with new prefixes, trees, slots and values.
+
+What each GPU family runs is one `DSATiles` entry (`DSA_TABLES`, chosen by compute capability like the dense rule
+tables; a GPU without an entry, and the interpreter, take sm_120's, whose tiles fit its 99 KB).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from ..interpreter import interpreting
+from ..launcher import _scale_args, kv_view, merge_tile, split_count
+from ..merge import merge_parts_kernel
+from ..plan_types import Tile
+from ..target import Target
+from .index_keys import INDEX_DIM, index_views
+from .indexer import dsa_index_logits_kernel
+from .sparse_mla import dsa_sparse_mla_kernel
+from .topk import STATE, dsa_topk_kernel
+
+TOPK = 2048  # GLM-5's index_topk
+
+
+@dataclass(frozen=True)
+class DSATiles:
+    """One GPU family's DSA kernels: block_m is tokens a program (indexer) or heads a program (attention)."""
+
+    name: str
+    indexer: Tile  # block_m: tree tokens sharing a key tile (x the index heads: the MMA's N)
+    topk: Tile  # block_n: logits a loop step
+    attention: Tile  # block_m: heads a program, block_n: selected keys a step
+    merge_block_d: int = 32
+    merge_block_s: int = 128
+    merge_num_warps: int = 4
+    min_chunk: int = 256  # fewest keys an indexer or top-k split takes
+    attention_min_chunk: int = 64
+
+
+DSA_SM120 = DSATiles(
+    "dsa-sm120",
+    indexer=Tile("dsa_index_logits", block_m=4, block_n=64, num_warps=4, num_stages=3),
+    topk=Tile("dsa_topk", block_m=1, block_n=1024, num_warps=4, num_stages=1),
+    attention=Tile("dsa_sparse_mla", block_m=16, block_n=32, num_warps=4, num_stages=2),
+)
+DSA_TABLES: dict[tuple[int, int], DSATiles] = {(12, 0): DSA_SM120}
+
+
+@dataclass(frozen=True)
+class DSAPlan:
+    """Static launch decisions for one DSA verify shape on one target."""
+
+    batch_size: int
+    num_heads: int  # MLA query heads a GPU
+    max_draft_tokens: int
+    total_tokens: int
+    max_context: int  # longest prefix a request may have: sizes the logits rows
+    target: Target
+    tiles: DSATiles
+    topk: int = TOPK
+    index_heads: int = 32
+    d_v: int = 512
+    d_rope: int = 64
+    kv_fp8: bool = False
+
+    @cached_property
+    def logits_width(self) -> int:
+        """Key positions a token's logits row holds: the longest prefix and the tree."""
+        return self.max_context + self.max_draft_tokens
+
+    @cached_property
+    def token_blocks(self) -> int:
+        return -(-self.max_draft_tokens // self.tiles.indexer.block_m)
+
+    @cached_property
+    def head_blocks(self) -> int:
+        return -(-self.num_heads // self.tiles.attention.block_m)
+
+    @cached_property
+    def index_splits(self) -> int:
+        return split_count(self.token_blocks * self.batch_size, self.target.sms * 2,
+                           max(1, -(-self.logits_width // self.tiles.min_chunk)))
+
+    @cached_property
+    def topk_splits(self) -> int:
+        return split_count(self.max_draft_tokens * self.batch_size, self.target.sms * 4,
+                           max(1, -(-self.logits_width // self.tiles.topk.block_n)))
+
+    @cached_property
+    def attention_splits(self) -> int:
+        return split_count(self.max_draft_tokens * self.head_blocks * self.batch_size, self.target.sms * 2,
+                           max(1, self.topk // self.tiles.attention_min_chunk))
+
+    @cached_property
+    def merge(self) -> tuple[int, int]:
+        """(BLOCK_D, BLOCK_S) of the merge."""
+        return merge_tile(self.tiles, self.attention_splits)  # reads merge_block_d / merge_block_s
+
+    def describe(self) -> str:
+        cache = "fp8" if self.kv_fp8 else "16-bit"
+        return (f"DSA verify plan: bs {self.batch_size}, {self.num_heads} heads x {self.max_draft_tokens} draft "
+                f"tokens, top {self.topk} of up to {self.max_context} + tree keys, {cache} cache, "
+                f"on {self.target}, {self.tiles.name}: indexer {self.index_splits} splits "
+                f"({self.tiles.indexer}), top-k {self.topk_splits} splits, attention {self.attention_splits} splits "
+                f"({self.tiles.attention})")
+
+
+def plan_dsa_verify(batch_size: int, num_heads: int, max_draft_tokens: int, total_tokens: int, max_context: int,
+                    target: Target | torch.device | str, *, topk: int = TOPK, index_heads: int = 32,
+                    d_v: int = 512, d_rope: int = 64, kv_fp8: bool = False) -> DSAPlan:
+    """The DSA plan of a verify shape on a target (a device stands for `Target.detect(device)`)."""
+    if min(batch_size, num_heads, max_draft_tokens, topk, index_heads) < 1 or max_context < 0:
+        raise ValueError("plan_dsa_verify needs batch_size, num_heads, max_draft_tokens, topk, index_heads >= 1 and "
+                         f"max_context >= 0, got {batch_size}, {num_heads}, {max_draft_tokens}, {topk}, "
+                         f"{index_heads}, {max_context}")
+    if index_heads & (index_heads - 1):
+        raise ValueError(f"index_heads must be a power of two (GLM-5: 32), got {index_heads}")
+    if not isinstance(target, Target):
+        target = Target.detect(target)
+    tiles = DSA_TABLES.get(target.capability, DSA_SM120) if target.capability else DSA_SM120
+    return DSAPlan(batch_size, num_heads, max_draft_tokens, total_tokens, max_context, target, tiles, topk,
+                   index_heads, d_v, d_rope, kv_fp8)
+
+
+class DSAWorkspace:
+    """The caller's buffers for DSA verify calls up to one plan's size: logits rows, top-k state, the selected
+    slots and counts, and the attention's partials. Allocate once (before CUDA-graph capture) and reuse."""
+
+    def __init__(self, plan: DSAPlan, device: torch.device | str):
+        tokens = plan.total_tokens
+        self.plan_size = (tokens, plan.logits_width, plan.topk, plan.num_heads, plan.attention_splits, plan.d_v)
+        self.logits = torch.empty((tokens, plan.logits_width), dtype=torch.float32, device=device)
+        self.state = torch.zeros((tokens, STATE), dtype=torch.int32, device=device)
+        self.sel = torch.empty((tokens, plan.topk), dtype=torch.int32, device=device)
+        self.sel_count = torch.empty(tokens, dtype=torch.int32, device=device)
+        rows = tokens * plan.num_heads
+        self.o_part = torch.empty((rows, plan.attention_splits, plan.d_v), dtype=torch.float32, device=device)
+        self.lse_part = torch.empty((rows, plan.attention_splits), dtype=torch.float32, device=device)
+
+    def fits(self, plan: DSAPlan) -> bool:
+        tokens, width, topk, heads, splits, d_v = self.plan_size
+        return (plan.total_tokens * plan.num_heads <= tokens * heads and plan.total_tokens <= tokens
+                and plan.logits_width <= width and plan.topk == topk and plan.attention_splits == splits
+                and plan.d_v == d_v and plan.num_heads == heads)
+
+
+def run_dsa_verify(
+    plan: DSAPlan,
+    workspace: DSAWorkspace,
+    q: torch.Tensor,  # [T, H, D_V + D_R] absorbed queries
+    k_buf: torch.Tensor,  # [S, 1, D_V + D_R] latent rows (bf16/fp16 or float8_e4m3fn); the tree's rows at tree_slots
+    kv_indptr: torch.Tensor,  # [bs + 1] prefix only
+    kv_indices: torch.Tensor,  # [>= kv_indptr[-1]] slots
+    qo_indptr: torch.Tensor,  # [bs + 1]
+    tree_slots: torch.Tensor,  # [T] each draft token's slot (its latent row and index key)
+    visibility: torch.Tensor,  # [T, >= n] uint8/bool: ancestors and itself
+    index_q: torch.Tensor,  # [T, HI, 128] float8_e4m3fn
+    index_weights: torch.Tensor,  # [T, HI] float32
+    index_buf: torch.Tensor,  # [S, 132] uint8, SGLang's page-size-1 index buffer
+    out: torch.Tensor,  # [T, H, D_V]
+    *,
+    sm_scale: float,
+    k_scale=1.0,
+) -> None:
+    """Indexer, top-k, sparse MLA, merge into `out`. No host synchronisation: graph-safe."""
+    if not workspace.fits(plan):
+        raise ValueError(f"the DSA workspace was sized for {workspace.plan_size} (tokens, logits width, topk, heads, "
+                         "splits, d_v): allocate DSAWorkspace(plan, device) for this plan")
+    if plan.target.interpreted != interpreting():
+        raise ValueError(f"the plan was made for {plan.target}; plan with Target.detect(device) here")
+    if index_q.shape[-1] != INDEX_DIM or index_q.shape[1] != plan.index_heads:
+        raise ValueError(f"index_q must be [T, {plan.index_heads}, {INDEX_DIM}], got {tuple(index_q.shape)}")
+    k_buf = kv_view(k_buf)
+    if (k_buf.dtype == torch.float8_e4m3fn) != plan.kv_fp8:
+        raise ValueError(f"the plan was made for kv_fp8={plan.kv_fp8}: plan_dsa_verify(..., kv_fp8="
+                         f"{k_buf.dtype == torch.float8_e4m3fn})")
+    if visibility.dtype == torch.bool:
+        visibility = visibility.view(torch.uint8)
+    index_k, index_s = index_views(index_buf)
+    dot_fp32 = plan.target.interpreted
+    bs, tiles = plan.batch_size, plan.tiles
+    ws = workspace
+    ws.state.zero_()
+    n_max = 1 << max(0, (plan.max_draft_tokens - 1).bit_length())
+    tile = tiles.indexer
+    dsa_index_logits_kernel[(plan.token_blocks, plan.index_splits, bs)](
+        index_q, index_weights, index_k, index_s, kv_indices, kv_indptr, qo_indptr, tree_slots, visibility,
+        ws.logits, tiles.min_chunk,
+        index_q.stride(0), index_q.stride(1), index_weights.stride(0), index_k.stride(0), index_s.stride(0),
+        visibility.stride(0), ws.logits.stride(0),
+        HI=plan.index_heads, D=INDEX_DIM, BLOCK_T=tile.block_m, BLOCK_N=tile.block_n, DOT_FP32=dot_fp32,
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
+    )
+    tile = tiles.topk
+    for step in range(5):
+        dsa_topk_kernel[(plan.max_draft_tokens, plan.topk_splits, bs)](
+            ws.logits, ws.state, ws.sel, ws.sel_count, kv_indices, kv_indptr, qo_indptr, tree_slots, visibility,
+            tiles.min_chunk, ws.logits.stride(0), ws.state.stride(0), ws.sel.stride(0), visibility.stride(0),
+            TOPK=plan.topk, PASS=step, N_MAX=max(16, n_max), BLOCK=tile.block_n,
+            num_warps=tile.num_warps, num_stages=tile.num_stages,
+        )
+    k_s, _, scale_from_ptr = _scale_args(k_scale, k_scale)
+    tile = tiles.attention
+    splits = plan.attention_splits
+    o_part = ws.o_part[: plan.total_tokens * plan.num_heads]
+    lse_part = ws.lse_part[: plan.total_tokens * plan.num_heads]
+    dsa_sparse_mla_kernel[(plan.max_draft_tokens * plan.head_blocks, splits, bs)](
+        q, k_buf, ws.sel, ws.sel_count, qo_indptr, o_part, lse_part,
+        k_s, sm_scale * 1.4426950408889634, tiles.attention_min_chunk,
+        q.stride(0), q.stride(1), k_buf.stride(0), ws.sel.stride(0), o_part.stride(0), o_part.stride(1),
+        lse_part.stride(0),
+        H=plan.num_heads, D_V=plan.d_v, D_R=plan.d_rope, BLOCK_H=tile.block_m, BLOCK_N=tile.block_n,
+        HEAD_BLOCKS=plan.head_blocks, WIDEN=plan.kv_fp8, SCALE_FROM_PTR=scale_from_ptr, DOT_FP32=dot_fp32,
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
+    )
+    block_d, block_s = plan.merge
+    merge_parts_kernel[(plan.total_tokens * plan.num_heads, -(-plan.d_v // block_d))](
+        o_part, lse_part, out, o_part, qo_indptr, bs, splits,
+        o_part.stride(0), o_part.stride(1), lse_part.stride(0), out.stride(0), out.stride(1), 0,
+        H=plan.num_heads, D_V=plan.d_v, BLOCK_D=block_d, BLOCK_S=block_s, STORE_LSE=False, USE_PDL=False,
+        num_warps=tiles.merge_num_warps,
+    )
+
+
+def dsa_tree_verify(q, k_buf, kv_indptr, kv_indices, qo_indptr, tree_slots, visibility, index_q, index_weights,
+                    index_buf, *, sm_scale: float, max_context: int | None = None, topk: int = TOPK,
+                    k_scale=1.0, out: torch.Tensor | None = None) -> torch.Tensor:
+    """One DSA tree verify, planned and with its own workspace (for tests and one-off use; a server plans once and
+    keeps a DSAWorkspace). max_context: the longest prefix to size for (default: read from kv_indptr, a host
+    sync)."""
+    bs = qo_indptr.shape[0] - 1
+    counts = (qo_indptr[1:] - qo_indptr[:-1])
+    if max_context is None:
+        max_context = int((kv_indptr[1:] - kv_indptr[:-1]).max()) if bs else 0
+    d_v = 512 if out is None else out.shape[-1]
+    plan = plan_dsa_verify(bs, q.shape[1], int(counts.max()) if bs else 1, q.shape[0], max_context, q.device,
+                           topk=topk, index_heads=index_q.shape[1], d_v=d_v, d_rope=q.shape[-1] - d_v,
+                           kv_fp8=kv_view(k_buf).dtype == torch.float8_e4m3fn)
+    out = torch.empty((q.shape[0], q.shape[1], d_v), dtype=q.dtype, device=q.device) if out is None else out
+    run_dsa_verify(plan, DSAWorkspace(plan, q.device), q, k_buf, kv_indptr, kv_indices, qo_indptr, tree_slots,
+                   visibility, index_q, index_weights, index_buf, out, sm_scale=sm_scale, k_scale=k_scale)
+    return out
