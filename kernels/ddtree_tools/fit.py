@@ -28,6 +28,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ddtree_kernels.dsa.launcher import DSA_KERNELS, plan_dsa_verify
 from ddtree_kernels.gluon_shared import unavailable_reason
 from ddtree_kernels.launcher import plan_verify
 from ddtree_kernels.plan_types import Launch, RuleTable
@@ -39,6 +40,12 @@ from ddtree_kernels.target import NAMED, SHARED_MEMORY_LIMIT, SHARED_MEMORY_PER_
 TARGETS = ((12, 0), (9, 0))
 
 _MASK_NAMES = {0: "chain", 1: "sglang_flat", 2: "compact"}
+# The DSA kernels' arguments that are multiples of 16 in real calls: pointers and the 576-wide rows' strides (an
+# index-key row is 132 bytes, so its strides get no hint).
+DSA_ALIGNED_ARGS = frozenset({
+    "IQ", "IW", "index_k", "index_s", "kv_indices", "kv_indptr", "qo_indptr", "tree_slots", "vis", "Logits", "State",
+    "Sel", "SelCount", "Q", "K_buf", "O_part", "LSE_part", "stride_qt", "stride_qh", "stride_ks",
+})
 # Verify shapes whose plans cover every launch a table makes: (heads, draft tokens) from decode to 33-token
 # trees, each on both cache dtypes and both value layouts; the merge also at its most parts (max_splits).
 _SHAPES = [(8, 1), (8, 2), (8, 9), (16, 8), (16, 9), (8, 33)]
@@ -191,6 +198,29 @@ def cuobjdump(cubin: bytes) -> tuple[int, int, int, str]:
     return int(fields["REG"]), int(fields["STACK"]), int(fields["LOCAL"]), code
 
 
+def _dsa_jobs(cap: tuple[int, int]) -> list[tuple]:
+    """The DSA verify's kernels (ddtree_kernels.dsa, DSA_KERNELS) as its plans launch them on `cap`: GLM-5's tree
+    and decode, a bf16 and an fp8 cache, each top-k pass. sm_120's DSA tiles serve every GPU, so all must fit."""
+    target = _targets(cap)[-1]
+    jobs = []
+    for draft, fp8 in ((9, False), (9, True), (1, False)):
+        plan = plan_dsa_verify(1, 8, draft, draft, 185_000, target, kv_fp8=fp8)
+        kv = "fp8e4nv" if fp8 else "bf16"
+        for kernel, (_, types) in DSA_KERNELS.items():
+            if fp8 and kernel != "attention":
+                continue
+            const = plan.constexprs(kernel, interpreted=False)
+            warps, stages = const.pop("num_warps"), const.pop("num_stages")
+            sig = {k: ("*" + kv if v == "*KV" else v) for k, v in types.items()}
+            calls = [{"PASS": p} for p in range(5)] if kernel == "topk" else (
+                [{"SCALE_FROM_PTR": False}] if kernel == "attention" else [{}])
+            for call in calls:
+                variant = f"kv={kv},n={draft}" + "".join(f",{k}={v}" for k, v in call.items())
+                jobs.append((plan.tiles.name, cap, f"dsa:{kernel}", variant, sig, const | call, warps, stages, 0,
+                             True))
+    return jobs
+
+
 def compile_variant(job: tuple) -> FitResult:
     """Compile one (table, target, kernel variant) and read its resource use."""
     import triton
@@ -198,19 +228,22 @@ def compile_variant(job: tuple) -> FitResult:
     from triton.compiler import ASTSource
 
     table_name, cap, kernel, variant, sig, const, warps, stages, programs, must_fit = job
-    entry = KERNELS[kernel]
-    fn, short = entry.fn, entry.label
+    if kernel.startswith("dsa:"):
+        fn, short, gluon, aligned = DSA_KERNELS[kernel[4:]][0], kernel, False, DSA_ALIGNED_ARGS
+    else:
+        entry = KERNELS[kernel]
+        fn, short, gluon, aligned = entry.fn, entry.label, entry.gluon, ALIGNED_ARGS
     limit = SHARED_MEMORY_LIMIT[cap]
     target_name = f"sm_{cap[0]}{cap[1]}"
     full_sig = {name: sig.get(name, "constexpr") for name in fn.arg_names}
-    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in sig if a in ALIGNED_ARGS}
-    if entry.gluon:
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in sig if a in aligned}
+    if gluon:
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     try:
         compiled = triton.compile(
             ASTSource(fn, full_sig, const, attrs),
             target=GPUTarget("cuda", cap[0] * 10 + cap[1], 32),
-            options={"num_warps": warps, "num_stages": stages} if not entry.gluon else
+            options={"num_warps": warps, "num_stages": stages} if not gluon else
             {"num_warps": warps},
         )
         regs, stack, local, sass = cuobjdump(compiled.asm["cubin"])
@@ -236,6 +269,7 @@ def check_all(workers: int = 2) -> list[FitResult]:
     # The opt-in e4m3 tile, which must fit the GPU it is for (only its own launches: the rest are sm120's).
     jobs += [job for cap in TARGETS for job in _jobs(SM120_E4M3.name, SM120_E4M3, cap, cap == (12, 0))
              if job[2] == "prefix_latent_split_e4m3"]
+    jobs += [job for cap in TARGETS for job in _dsa_jobs(cap)]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(compile_variant, jobs))
 

@@ -76,6 +76,8 @@ def test_dependent_launch_chain_is_compiled_in(fit_report):
     grid before it; the merge waits before reading."""
     for r in fit_report:
         where = f"{r['table']} {r['target']} {r['kernel']} {r['variant']}"
+        if r["kernel"].startswith("dsa:"):  # the DSA verify launches in stream order, without PDL
+            continue
         if r["kernel"].startswith("prefix"):
             assert r["launch_dependents"] >= 1 and r["grid_waits"] >= 1, where
         elif r["kernel"] == "tree":
@@ -160,3 +162,18 @@ def test_opt_in_e4m3_tile_multiplies_in_e4m3_on_sm120_only(fit_report):
     for r in sm90:
         assert not any(op.startswith("QMMA") for op in r["sass_mma"]), r["sass_mma"]
         assert any(op.startswith("HMMA") for op in r["sass_mma"]), r["sass_mma"]
+
+
+def test_dsa_kernels_fit_sm120_and_the_indexer_multiplies_in_e4m3(fit_report):
+    """The DSA verify's kernels (sm_120's tiles serve every GPU): compiled for sm_120 within its shared memory, no
+    spills, no Hopper-only instructions, and the indexer's fp8 dot on sm_120's e4m3 mma.sync (QMMA in SASS)."""
+    dsa = [r for r in fit_report if r["kernel"].startswith("dsa:")]
+    kernels = {r["kernel"] for r in dsa}
+    assert kernels == {"dsa:indexer", "dsa:topk", "dsa:attention"}, kernels
+    for r in dsa:
+        assert not r["error"] and r["fits"], r
+        if r["target"] == "sm_120":
+            assert r["stack"] + r["local"] == 0 and r["hopper_only"] == 0, r
+    indexer = [r for r in dsa if r["kernel"] == "dsa:indexer" and r["target"] == "sm_120"]
+    assert indexer and all(r["mma"] == ["m16n8k32.f32.e4m3.e4m3.f32"] for r in indexer), indexer
+    assert all(any(op.startswith("QMMA") for op in r["sass_mma"]) for r in indexer), indexer

@@ -35,6 +35,7 @@ class DSATiles:
     indexer: Tile  # block_m: tree tokens sharing a key tile (x the index heads: the MMA's N)
     topk: Tile  # block_n: logits a loop step
     attention: Tile  # block_m: heads a program, block_n: selected keys a step
+    attention_fp8: Tile  # the same for an fp8 cache, widened in registers
     merge_block_d: int = 32
     merge_block_s: int = 128
     merge_num_warps: int = 4
@@ -44,9 +45,10 @@ class DSATiles:
 
 DSA_SM120 = DSATiles(
     "dsa-sm120",
-    indexer=Tile("dsa_index_logits", block_m=4, block_n=64, num_warps=4, num_stages=3),
+    indexer=Tile("dsa_index_logits", block_m=4, block_n=64, num_warps=8, num_stages=3),
     topk=Tile("dsa_topk", block_m=1, block_n=1024, num_warps=4, num_stages=1),
     attention=Tile("dsa_sparse_mla", block_m=16, block_n=32, num_warps=4, num_stages=2),
+    attention_fp8=Tile("dsa_sparse_mla", block_m=16, block_n=16, num_warps=4, num_stages=2),
 )
 DSA_TABLES: dict[tuple[int, int], DSATiles] = {(12, 0): DSA_SM120}
 
@@ -78,8 +80,12 @@ class DSAPlan:
         return -(-self.max_draft_tokens // self.tiles.indexer.block_m)
 
     @cached_property
+    def attention_tile(self) -> Tile:
+        return self.tiles.attention_fp8 if self.kv_fp8 else self.tiles.attention
+
+    @cached_property
     def head_blocks(self) -> int:
-        return -(-self.num_heads // self.tiles.attention.block_m)
+        return -(-self.num_heads // self.attention_tile.block_m)
 
     @cached_property
     def index_splits(self) -> int:
@@ -101,13 +107,37 @@ class DSAPlan:
         """(BLOCK_D, BLOCK_S) of the merge."""
         return merge_tile(self.tiles, self.attention_splits)  # reads merge_block_d / merge_block_s
 
+    def constexprs(self, kernel: str, *, interpreted: bool | None = None) -> dict[str, object]:
+        """The constexprs and launch options (num_warps, num_stages) of one of the plan's kernels ("indexer",
+        "topk" without its PASS, "attention", "merge"): what run_dsa_verify launches and fit compiles."""
+        dot_fp32 = self.target.interpreted if interpreted is None else interpreted
+        tiles = self.tiles
+        if kernel == "indexer":
+            t = tiles.indexer
+            return dict(HI=self.index_heads, D=INDEX_DIM, BLOCK_T=t.block_m, BLOCK_N=t.block_n, DOT_FP32=dot_fp32,
+                        num_warps=t.num_warps, num_stages=t.num_stages)
+        if kernel == "topk":
+            t = tiles.topk
+            n_max = max(16, 1 << max(0, (self.max_draft_tokens - 1).bit_length()))
+            return dict(TOPK=self.topk, N_MAX=n_max, BLOCK=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
+        if kernel == "attention":
+            t = self.attention_tile
+            return dict(H=self.num_heads, D_V=self.d_v, D_R=self.d_rope, BLOCK_H=t.block_m, BLOCK_N=t.block_n,
+                        HEAD_BLOCKS=self.head_blocks, WIDEN=self.kv_fp8, DOT_FP32=dot_fp32,
+                        num_warps=t.num_warps, num_stages=t.num_stages)
+        if kernel == "merge":
+            block_d, block_s = self.merge
+            return dict(H=self.num_heads, D_V=self.d_v, BLOCK_D=block_d, BLOCK_S=block_s, STORE_LSE=False,
+                        USE_PDL=False, num_warps=tiles.merge_num_warps)
+        raise ValueError(f"no DSA kernel {kernel!r}")
+
     def describe(self) -> str:
         cache = "fp8" if self.kv_fp8 else "16-bit"
         return (f"DSA verify plan: bs {self.batch_size}, {self.num_heads} heads x {self.max_draft_tokens} draft "
                 f"tokens, top {self.topk} of up to {self.max_context} + tree keys, {cache} cache, "
                 f"on {self.target}, {self.tiles.name}: indexer {self.index_splits} splits "
                 f"({self.tiles.indexer}), top-k {self.topk_splits} splits, attention {self.attention_splits} splits "
-                f"({self.tiles.attention})")
+                f"({self.attention_tile})")
 
 
 def plan_dsa_verify(batch_size: int, num_heads: int, max_draft_tokens: int, total_tokens: int, max_context: int,
@@ -182,30 +212,22 @@ def run_dsa_verify(
     if visibility.dtype == torch.bool:
         visibility = visibility.view(torch.uint8)
     index_k, index_s = index_views(index_buf)
-    dot_fp32 = plan.target.interpreted
     bs, tiles = plan.batch_size, plan.tiles
     ws = workspace
     ws.state.zero_()
-    n_max = 1 << max(0, (plan.max_draft_tokens - 1).bit_length())
-    tile = tiles.indexer
     dsa_index_logits_kernel[(plan.token_blocks, plan.index_splits, bs)](
         index_q, index_weights, index_k, index_s, kv_indices, kv_indptr, qo_indptr, tree_slots, visibility,
         ws.logits, tiles.min_chunk,
         index_q.stride(0), index_q.stride(1), index_weights.stride(0), index_k.stride(0), index_s.stride(0),
-        visibility.stride(0), ws.logits.stride(0),
-        HI=plan.index_heads, D=INDEX_DIM, BLOCK_T=tile.block_m, BLOCK_N=tile.block_n, DOT_FP32=dot_fp32,
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
+        visibility.stride(0), ws.logits.stride(0), **plan.constexprs("indexer"),
     )
-    tile = tiles.topk
     for step in range(5):
         dsa_topk_kernel[(plan.max_draft_tokens, plan.topk_splits, bs)](
             ws.logits, ws.state, ws.sel, ws.sel_count, kv_indices, kv_indptr, qo_indptr, tree_slots, visibility,
             tiles.min_chunk, ws.logits.stride(0), ws.state.stride(0), ws.sel.stride(0), visibility.stride(0),
-            TOPK=plan.topk, PASS=step, N_MAX=max(16, n_max), BLOCK=tile.block_n,
-            num_warps=tile.num_warps, num_stages=tile.num_stages,
+            PASS=step, **plan.constexprs("topk"),
         )
     k_s, _, scale_from_ptr = _scale_args(k_scale, k_scale)
-    tile = tiles.attention
     splits = plan.attention_splits
     o_part = ws.o_part[: plan.total_tokens * plan.num_heads]
     lse_part = ws.lse_part[: plan.total_tokens * plan.num_heads]
@@ -213,17 +235,12 @@ def run_dsa_verify(
         q, k_buf, ws.sel, ws.sel_count, qo_indptr, o_part, lse_part,
         k_s, sm_scale * 1.4426950408889634, tiles.attention_min_chunk,
         q.stride(0), q.stride(1), k_buf.stride(0), ws.sel.stride(0), o_part.stride(0), o_part.stride(1),
-        lse_part.stride(0),
-        H=plan.num_heads, D_V=plan.d_v, D_R=plan.d_rope, BLOCK_H=tile.block_m, BLOCK_N=tile.block_n,
-        HEAD_BLOCKS=plan.head_blocks, WIDEN=plan.kv_fp8, SCALE_FROM_PTR=scale_from_ptr, DOT_FP32=dot_fp32,
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
+        lse_part.stride(0), SCALE_FROM_PTR=scale_from_ptr, **plan.constexprs("attention"),
     )
-    block_d, block_s = plan.merge
-    merge_parts_kernel[(plan.total_tokens * plan.num_heads, -(-plan.d_v // block_d))](
+    merge_parts_kernel[(plan.total_tokens * plan.num_heads, -(-plan.d_v // plan.merge[0]))](
         o_part, lse_part, out, o_part, qo_indptr, bs, splits,
         o_part.stride(0), o_part.stride(1), lse_part.stride(0), out.stride(0), out.stride(1), 0,
-        H=plan.num_heads, D_V=plan.d_v, BLOCK_D=block_d, BLOCK_S=block_s, STORE_LSE=False, USE_PDL=False,
-        num_warps=tiles.merge_num_warps,
+        **plan.constexprs("merge"),
     )
 
 
@@ -245,3 +262,20 @@ def dsa_tree_verify(q, k_buf, kv_indptr, kv_indices, qo_indptr, tree_slots, visi
     run_dsa_verify(plan, DSAWorkspace(plan, q.device), q, k_buf, kv_indptr, kv_indices, qo_indptr, tree_slots,
                    visibility, index_q, index_weights, index_buf, out, sm_scale=sm_scale, k_scale=k_scale)
     return out
+
+
+# What fit compiles for each DSA kernel: the function and its runtime arguments' types ("*KV": the cache's dtype).
+DSA_KERNELS = {
+    "indexer": (dsa_index_logits_kernel, dict(
+        IQ="*fp8e4nv", IW="*fp32", index_k="*fp8e4nv", index_s="*fp32", kv_indices="*i64", kv_indptr="*i32",
+        qo_indptr="*i32", tree_slots="*i64", vis="*u8", Logits="*fp32", min_chunk="i32", stride_iqt="i32",
+        stride_iqh="i32", stride_iwt="i32", stride_ik="i32", stride_is="i32", stride_vis="i32", stride_lt="i32")),
+    "topk": (dsa_topk_kernel, dict(
+        Logits="*fp32", State="*i32", Sel="*i32", SelCount="*i32", kv_indices="*i64", kv_indptr="*i32",
+        qo_indptr="*i32", tree_slots="*i64", vis="*u8", min_chunk="i32", stride_lt="i32", stride_st="i32",
+        stride_selt="i32", stride_vis="i32")),
+    "attention": (dsa_sparse_mla_kernel, dict(
+        Q="*bf16", K_buf="*KV", Sel="*i32", SelCount="*i32", qo_indptr="*i32", O_part="*fp32", LSE_part="*fp32",
+        k_scale="fp32", qk_scale_log2="fp32", min_chunk="i32", stride_qt="i32", stride_qh="i32", stride_ks="i32",
+        stride_selt="i32", stride_or="i32", stride_op="i32", stride_lr="i32")),
+}

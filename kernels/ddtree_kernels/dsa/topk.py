@@ -17,8 +17,8 @@ import triton.language as tl
 
 from .indexer import key_slots, request_keys
 
-BINS = 256
-STATE = 4 * BINS + 2  # int32 a token: four histograms, then the two write counters of the last pass
+BINS = tl.constexpr(256)
+STATE = 4 * 256 + 2  # int32 a token: four histograms, then the two write counters of the last pass
 
 
 @triton.jit
@@ -116,6 +116,7 @@ def dsa_topk_kernel(
             if n_tie > 0:
                 base = tl.atomic_add(state + 4 * BINS + 1, n_tie)
                 rank = base + tl.cumsum(tie.to(tl.int32), 0) - 1
-                tl.store(sel + taken_above + rank, slots.to(Sel.dtype.element_ty), mask=(tie.to(tl.int32) * (rank < k_left).to(tl.int32)) > 0)
+                wanted = (tie.to(tl.int32) * (rank < k_left).to(tl.int32)) > 0
+                tl.store(sel + taken_above + rank, slots.to(Sel.dtype.element_ty), mask=wanted)
         if split == 0:
             tl.store(SelCount + token, k)
