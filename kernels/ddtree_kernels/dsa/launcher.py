@@ -25,6 +25,7 @@ from .sparse_mla import dsa_sparse_mla_kernel
 from .topk import STATE, dsa_topk_kernel
 
 TOPK = 2048  # GLM-5's index_topk
+STAGES = ("indexer", "topk", "attention")  # attention: the sparse MLA and the merge
 
 
 @dataclass(frozen=True)
@@ -196,8 +197,12 @@ def run_dsa_verify(
     *,
     sm_scale: float,
     k_scale=1.0,
+    stages: tuple[str, ...] = STAGES,
 ) -> None:
-    """Indexer, top-k, sparse MLA, merge into `out`. No host synchronisation: graph-safe."""
+    """Indexer, top-k, sparse MLA, merge into `out`. No host synchronisation: graph-safe.
+
+    `stages`: a subset of STAGES to run alone (the benchmark times each; a stage reads what the one before it
+    left in the workspace)."""
     if not workspace.fits(plan):
         raise ValueError(f"the DSA workspace was sized for {workspace.plan_size} (tokens, logits width, topk, heads, "
                          "splits, d_v): allocate DSAWorkspace(plan, device) for this plan")
@@ -214,19 +219,23 @@ def run_dsa_verify(
     index_k, index_s = index_views(index_buf)
     bs, tiles = plan.batch_size, plan.tiles
     ws = workspace
-    ws.state.zero_()
-    dsa_index_logits_kernel[(plan.token_blocks, plan.index_splits, bs)](
-        index_q, index_weights, index_k, index_s, kv_indices, kv_indptr, qo_indptr, tree_slots, visibility,
-        ws.logits, tiles.min_chunk,
-        index_q.stride(0), index_q.stride(1), index_weights.stride(0), index_k.stride(0), index_s.stride(0),
-        visibility.stride(0), ws.logits.stride(0), **plan.constexprs("indexer"),
-    )
-    for step in range(5):
-        dsa_topk_kernel[(plan.max_draft_tokens, plan.topk_splits, bs)](
-            ws.logits, ws.state, ws.sel, ws.sel_count, kv_indices, kv_indptr, qo_indptr, tree_slots, visibility,
-            tiles.min_chunk, ws.logits.stride(0), ws.state.stride(0), ws.sel.stride(0), visibility.stride(0),
-            PASS=step, **plan.constexprs("topk"),
+    if "indexer" in stages:
+        dsa_index_logits_kernel[(plan.token_blocks, plan.index_splits, bs)](
+            index_q, index_weights, index_k, index_s, kv_indices, kv_indptr, qo_indptr, tree_slots, visibility,
+            ws.logits, tiles.min_chunk,
+            index_q.stride(0), index_q.stride(1), index_weights.stride(0), index_k.stride(0), index_s.stride(0),
+            visibility.stride(0), ws.logits.stride(0), **plan.constexprs("indexer"),
         )
+    if "topk" in stages:
+        ws.state.zero_()
+        for step in range(5):
+            dsa_topk_kernel[(plan.max_draft_tokens, plan.topk_splits, bs)](
+                ws.logits, ws.state, ws.sel, ws.sel_count, kv_indices, kv_indptr, qo_indptr, tree_slots,
+                visibility, tiles.min_chunk, ws.logits.stride(0), ws.state.stride(0), ws.sel.stride(0),
+                visibility.stride(0), PASS=step, **plan.constexprs("topk"),
+            )
+    if "attention" not in stages:
+        return
     k_s, _, scale_from_ptr = _scale_args(k_scale, k_scale)
     splits = plan.attention_splits
     o_part = ws.o_part[: plan.total_tokens * plan.num_heads]

@@ -48,7 +48,8 @@ def chosen_prefix(state, k, PASSES: tl.constexpr):
         above = tl.cumsum(hist, 0)  # keys in this bin and the ones above it
         first = tl.min(tl.where(above >= k_left, offs, BINS), 0)  # the bin holding the k_left-th key
         k_left -= tl.sum(tl.where(offs < first, hist, 0), 0)
-        prefix = prefix | ((BINS - 1 - first).to(tl.uint32) << (24 - 8 * j))
+        byte = (BINS - 1) - first.to(tl.int32)  # the chosen bin's byte value
+        prefix = prefix | (byte.to(tl.uint32) << (24 - 8 * j))
     return prefix, k_left
 
 
