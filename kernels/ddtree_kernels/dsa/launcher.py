@@ -41,12 +41,12 @@ class DSATiles:
     merge_block_s: int = 128
     merge_num_warps: int = 4
     min_chunk: int = 256  # fewest keys an indexer or top-k split takes
-    attention_min_chunk: int = 64
+    attention_min_chunk: int = 32
 
 
 DSA_SM120 = DSATiles(
     "dsa-sm120",
-    indexer=Tile("dsa_index_logits", block_m=4, block_n=64, num_warps=8, num_stages=3),
+    indexer=Tile("dsa_index_logits", block_m=4, block_n=128, num_warps=4, num_stages=3),
     topk=Tile("dsa_topk", block_m=1, block_n=1024, num_warps=4, num_stages=1),
     attention=Tile("dsa_sparse_mla", block_m=16, block_n=32, num_warps=4, num_stages=2),
     attention_fp8=Tile("dsa_sparse_mla", block_m=16, block_n=16, num_warps=4, num_stages=2),
