@@ -1,7 +1,7 @@
 """Import SGLang modules on a machine without SGLang's GPU build: stand in the modules they import.
 
-Used by the patch checks (ddtree_ops.patched_checks) and by ddtree_tools.sglang_wheel, which loads
-SGLang's own kernels from a release wheel for the benchmark.
+Used by the patched-source checks of the release job (ddtree_ops.patched_checks) and by the tests' SGLang
+protocol models.
 """
 
 from __future__ import annotations

@@ -3,19 +3,20 @@
 The kernel files are read from the wheel at run time (never copied into this repo)
 into a private package tree. The few SGLang runtime modules they import
 (`sglang.srt.environ.envs` and a handful of `sglang.srt.utils` probes) are stood in while they
-import (`ddtree_ops.module_stand_ins`), answering as a CUDA build (when a GPU is there)
-with every opt-in environment switch at its default (off).
+import, answering as a CUDA build (when a GPU is there) with every opt-in environment switch at its
+default (off).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 import tempfile
+import types
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
-
-from ddtree_ops.module_stand_ins import stand_in_modules
 
 # Where the kernels live, newest layout first (0.5.23 moved them out of srt/).
 _LAYOUTS = ("sglang/kernels/ops/attention", "sglang/srt/layers/attention/triton_ops")
@@ -53,6 +54,24 @@ def _stand_ins(root: Path) -> dict[str, dict]:
     }
 
 
+@contextlib.contextmanager
+def _registered(modules: dict[str, dict]) -> Iterator[None]:
+    """The named modules in sys.modules while the body runs (every parent package is named too), then what was
+    there before. Only these names are restored: whatever else the body imports stays."""
+    saved = {name: sys.modules.get(name) for name in modules}
+    for name, attrs in modules.items():
+        sys.modules[name] = types.ModuleType(name)
+        sys.modules[name].__dict__.update(attrs)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = old
+
+
 def load_sglang_attention(wheel: str | Path) -> dict[str, object]:
     """Import SGLang's Triton attention modules from `wheel`; returns {module name: module}.
 
@@ -81,7 +100,7 @@ def load_sglang_attention(wheel: str | Path) -> dict[str, object]:
     dotted = layout.replace("/", ".")
     mods = {}
     # The stand-ins are needed while the files import; the modules keep what they bound.
-    with stand_in_modules(_stand_ins(root)):
+    with _registered(_stand_ins(root)):
         for f in _FILES:
             if (root / layout / f).exists():
                 mods[f[:-3]] = importlib.import_module(f"{dotted}.{f[:-3]}")

@@ -27,9 +27,8 @@ def _check(case, out, ws=None, tol=2e-2):
         for t, sel in enumerate(selections):
             got = _selected(ws, t)
             assert int(ws.sel_count[t]) == sel.slots.numel(), f"token {t} seed={case.seed}"
-            # the set is the reference's wherever the boundary logits do not tie within the kernel's rounding
-            # (the gated head sum runs on tf32: about 1e-4 of the largest logit)
-            if boundary_gap(sel.logits, case.topk) > 1e-3 * sel.logits[torch.isfinite(sel.logits)].abs().max():
+            # the set is the reference's wherever the boundary logits do not tie within fp32 rounding
+            if boundary_gap(sel.logits, case.topk) > 1e-4 * sel.logits[torch.isfinite(sel.logits)].abs().max():
                 assert got == set(sel.slots.tolist()), f"token {t} seed={case.seed}"
     got = out.double().cpu()
     assert torch.isfinite(got).all(), f"unwritten rows seed={case.seed}"

@@ -175,6 +175,5 @@ def test_dsa_kernels_fit_sm120_and_the_indexer_multiplies_in_e4m3(fit_report):
         if r["target"] == "sm_120":
             assert r["stack"] + r["local"] == 0 and r["hopper_only"] == 0, r
     indexer = [r for r in dsa if r["kernel"] == "dsa:indexer" and r["target"] == "sm_120"]
-    # the scores on e4m3; the gated head sum on tf32
-    assert indexer and all("m16n8k32.f32.e4m3.e4m3.f32" in r["mma"] for r in indexer), indexer
+    assert indexer and all(r["mma"] == ["m16n8k32.f32.e4m3.e4m3.f32"] for r in indexer), indexer
     assert all(any(op.startswith("QMMA") for op in r["sass_mma"]) for r in indexer), indexer

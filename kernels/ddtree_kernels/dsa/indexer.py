@@ -5,11 +5,11 @@ token t's request: the prefix (slots `kv_indices[kv_indptr[b]:]`) and then the t
 -inf at tree positions the token does not see (not an ancestor or itself). One program scores a key chunk for a
 block of BLOCK_T tokens x HI heads, which share every gathered key: a [BLOCK_N, 128] fp8 key tile times the
 [BLOCK_T * HI, 128] query tile on the tensor cores (e4m3 `mma.sync` m16n8k32 on sm_120), relu, and the gated sum
-over each token's heads as a second, tf32 dot. The keys are read once a token block; splits fill the GPU
+over each token's heads in fp32. The keys are read once a token block; splits fill the GPU
 (launcher.split_count).
 
 Budget on sm_120 (DSA_SM120): keys 128 x 128 fp8 (16 KB) in stages, queries 128 x 128 fp8 (16 KB), 4 warps:
-40,960 B of shared memory, 228 registers, two programs an SM.
+32,768 B of shared memory, 254 registers, two programs an SM.
 """
 
 import triton
@@ -64,13 +64,8 @@ def dsa_index_logits_kernel(
     q = tl.load(IQ + (q_start + tok).to(tl.int64)[:, None] * stride_iqt + (offs_r % HI)[:, None] * stride_iqh
                 + offs_d[None, :], mask=tok_ok[:, None], other=0.0)
     w = tl.load(IW + (q_start + tok).to(tl.int64) * stride_iwt + offs_r % HI, mask=tok_ok, other=0.0)
-    # The head sum as a second dot: logits [keys, tokens] = relu(S) [keys, tokens x heads] . G [tokens x heads,
-    # tokens], G block-diagonal with each token's gates (16 columns: the MMA's smallest N). relu(S) stays in
-    # registers as the dot's left operand (tf32), no reduction through shared memory.
-    offs_c = tl.arange(0, 16)
-    gates = tl.where((offs_r // HI)[:, None] == offs_c[None, :], w[:, None], 0.0)  # [BLOCK_T * HI, 16]
-    offs_t = tb * BLOCK_T + offs_c
-    t_ok = (offs_c < BLOCK_T) & (offs_t < n_tok)
+    offs_t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = offs_t < n_tok
     out_rows = Logits + (q_start + offs_t).to(tl.int64) * stride_lt
     for p0 in range(lo, hi, BLOCK_N):
         pos = p0 + tl.arange(0, BLOCK_N)
@@ -79,7 +74,9 @@ def dsa_index_logits_kernel(
         k = tl.load(index_k + slots[:, None] * stride_ik + offs_d[None, :], mask=ok[:, None], other=0.0)
         k_scale = tl.load(index_s + slots * stride_is + D // 4, mask=ok, other=0.0)
         s = tl.dot(dot_operand(k, q, DOT_FP32), tl.trans(dot_operand(q, q, DOT_FP32)))  # [BLOCK_N, BLOCK_T * HI]
-        logits = tl.dot(tl.maximum(s, 0.0), gates) * k_scale[:, None]  # [BLOCK_N, 16]
+        # gate and sum each token's heads in fp32 (a tf32 dot here moves near-tie keys across the top-k boundary)
+        s = tl.maximum(s, 0.0) * w[None, :]
+        logits = tl.sum(tl.reshape(s, (BLOCK_N, BLOCK_T, HI)), 2) * k_scale[:, None]  # [BLOCK_N, BLOCK_T]
         if p0 + BLOCK_N > prefix_len:
             # tree keys: only the token's ancestors and itself are eligible
             tree_pos = pos - prefix_len
