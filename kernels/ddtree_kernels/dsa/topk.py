@@ -77,7 +77,8 @@ def dsa_topk_kernel(
     row = Logits + token.to(tl.int64) * stride_lt
     if PASS < 4:
         prefix, _ = chosen_prefix(state, k, PASS)
-        hist = tl.zeros([2 * BINS], dtype=tl.int32)
+        hist = tl.zeros([BINS], dtype=tl.int32)
+        misses = tl.zeros([], dtype=tl.int32)
         for p0 in range(lo, hi, BLOCK):
             pos = p0 + tl.arange(0, BLOCK)
             ok = pos < hi
@@ -87,9 +88,12 @@ def dsa_topk_kernel(
             else:
                 match = ok & ((key >> (32 - 8 * PASS)) == (prefix >> (32 - 8 * PASS)))
             digit = ((key >> (24 - 8 * PASS)) & 0xFF).to(tl.int32)
-            hist += tl.histogram(tl.where(match, digit, BINS), 2 * BINS)  # misses land in the upper half
-        offs = tl.arange(0, 2 * BINS)
-        tl.atomic_add(state + PASS * BINS + offs, hist, mask=(offs < BINS) & (hist > 0))
+            # misses count in bin 0 and come off it after the loop: a histogram's cost grows with its bins
+            hist += tl.histogram(tl.where(match, digit, 0), BINS)
+            misses += tl.sum((match == 0).to(tl.int32), 0)
+        offs = tl.arange(0, BINS)
+        hist -= tl.where(offs == 0, misses, 0)
+        tl.atomic_add(state + PASS * BINS + offs, hist, mask=hist > 0)
     else:
         if take_all:
             thr = sort_key(tl.full([], float("-inf"), tl.float32))  # every finite logit is above it
