@@ -102,3 +102,17 @@ def test_dsa_glm5_sizes(prefixes, drafts):
     case = make_dsa_case(prefixes, drafts, 8, DEVICE, topk=2048)
     out, ws = _run(case, 8)
     _check(case, out, ws)
+
+
+def test_exact_ties_at_the_boundary_fill_the_top_k_once_each():
+    """Every prefix key alike (one index key copied everywhere): all logits tie, so the threshold bin is the whole
+    prefix. The top-k still holds exactly k distinct visible slots, every tree key that beats the tie among them."""
+    case = make_dsa_case([200], [5], 8, DEVICE, topk=32, tree="chain")
+    buf = case.index_buf
+    prefix = case.kv_indices[:200].long()
+    buf[prefix] = buf[prefix[0]].clone()
+    _, ws = _run(case, 8)
+    for t in range(5):
+        got = ws.sel[t, : int(ws.sel_count[t])].cpu().tolist()
+        assert int(ws.sel_count[t]) == 32 and len(set(got)) == 32
+        assert set(got) <= set(prefix.cpu().tolist()) | set(case.tree_slots.cpu().tolist()[: t + 1])

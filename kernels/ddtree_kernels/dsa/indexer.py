@@ -67,12 +67,15 @@ def dsa_index_logits_kernel(
     offs_t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = offs_t < n_tok
     out_rows = Logits + (q_start + offs_t).to(tl.int64) * stride_lt
+    offs_n = tl.arange(0, BLOCK_N)
+    slots = key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, lo + offs_n, lo + offs_n < hi)
     for p0 in range(lo, hi, BLOCK_N):
-        pos = p0 + tl.arange(0, BLOCK_N)
+        pos = p0 + offs_n
         ok = pos < hi
-        slots = key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, pos, ok)
         k = tl.load(index_k + slots[:, None] * stride_ik + offs_d[None, :], mask=ok[:, None], other=0.0)
         k_scale = tl.load(index_s + slots * stride_is + D // 4, mask=ok, other=0.0)
+        # the next tile's slots now: its gather then waits on no index load
+        slots = key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, pos + BLOCK_N, pos + BLOCK_N < hi)
         s = tl.dot(dot_operand(k, q, DOT_FP32), tl.trans(dot_operand(q, q, DOT_FP32)))  # [BLOCK_N, BLOCK_T * HI]
         # gate and sum each token's heads in fp32 (a tf32 dot here moves near-tie keys across the top-k boundary)
         s = tl.maximum(s, 0.0) * w[None, :]

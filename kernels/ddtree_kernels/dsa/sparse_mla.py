@@ -54,13 +54,16 @@ def dsa_sparse_mla_kernel(
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     sel = Sel + token.to(tl.int64) * stride_selt
+    offs_n = tl.arange(0, BLOCK_N)
+    slots = tl.load(sel + lo + offs_n, mask=lo + offs_n < hi, other=0).to(tl.int64)
     for p0 in range(lo, hi, BLOCK_N):
-        pos = p0 + tl.arange(0, BLOCK_N)
+        pos = p0 + offs_n
         ok = pos < hi
-        slots = tl.load(sel + pos, mask=ok, other=0).to(tl.int64)
         k_rows = K_buf + slots[:, None] * stride_ks
         k_nope = tl.load(k_rows + offs_dv[None, :], mask=ok[:, None], other=0.0)
         k_rope = tl.load(k_rows + offs_dr[None, :], mask=ok[:, None], other=0.0)
+        # the next tile's slots now: its gather then waits on no index load
+        slots = tl.load(sel + pos + BLOCK_N, mask=pos + BLOCK_N < hi, other=0).to(tl.int64)
         if WIDEN:  # an fp8 cache: widen in registers (the dense fp8 path's choice)
             k_nope = k_nope.to(q_nope.dtype)
             k_rope = k_rope.to(q_nope.dtype)

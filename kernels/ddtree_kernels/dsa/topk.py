@@ -38,19 +38,27 @@ def visible_keys(vis, stride_vis, token, prefix_len, n_tok, N_MAX: tl.constexpr)
 
 @triton.jit
 def chosen_prefix(state, k, PASSES: tl.constexpr):
-    """(prefix, k_left): the top bytes of the k-th largest sort key fixed by the first PASSES histograms, and how
-    many keys equal to that prefix are still to be taken."""
+    """(prefix, k_left, depth): the top bytes of the k-th largest sort key fixed by the first PASSES histograms, how
+    many keys equal to that prefix are still to be taken, and how many bytes the prefix has. The walk stops at the
+    first byte whose bin holds exactly the keys still needed: all of them are taken, and later passes (which then
+    find nothing to count) are skipped."""
     offs = tl.arange(0, BINS)
     prefix = tl.zeros([], dtype=tl.uint32)
     k_left = k
+    depth = tl.zeros([], dtype=tl.int32)
+    done = k < 0  # a 0-d False
     for j in tl.static_range(PASSES):
         hist = tl.load(state + j * BINS + (BINS - 1 - offs))  # bins from the top byte value down
         above = tl.cumsum(hist, 0)  # keys in this bin and the ones above it
         first = tl.min(tl.where(above >= k_left, offs, BINS), 0)  # the bin holding the k_left-th key
-        k_left -= tl.sum(tl.where(offs < first, hist, 0), 0)
+        before = tl.sum(tl.where(offs < first, hist, 0), 0)
+        in_bin = tl.sum(tl.where(offs == first, hist, 0), 0)
         byte = (BINS - 1) - first.to(tl.int32)  # the chosen bin's byte value
-        prefix = prefix | (byte.to(tl.uint32) << (24 - 8 * j))
-    return prefix, k_left
+        prefix = tl.where(done, prefix, prefix | (byte.to(tl.uint32) << (24 - 8 * j)))
+        k_left = tl.where(done, k_left, k_left - before)
+        depth = tl.where(done, depth, depth + 1)
+        done = done | (in_bin == k_left)
+    return prefix, k_left, depth
 
 
 @triton.jit
@@ -76,7 +84,9 @@ def dsa_topk_kernel(
     state = State + token.to(tl.int64) * stride_st
     row = Logits + token.to(tl.int64) * stride_lt
     if PASS < 4:
-        prefix, _ = chosen_prefix(state, k, PASS)
+        prefix, _, depth = chosen_prefix(state, k, PASS)
+        if depth < PASS:  # the top-k boundary is resolved: nothing left to count
+            return
         hist = tl.zeros([BINS], dtype=tl.int32)
         misses = tl.zeros([], dtype=tl.int32)
         for p0 in range(lo, hi, BLOCK):
@@ -98,18 +108,21 @@ def dsa_topk_kernel(
         if take_all:
             thr = sort_key(tl.full([], float("-inf"), tl.float32))  # every finite logit is above it
             k_left = tl.zeros([], dtype=tl.int32)
+            shift = tl.zeros([], dtype=tl.int32)
         else:
-            thr, k_left = chosen_prefix(state, k, 4)
+            thr, k_left, depth = chosen_prefix(state, k, 4)
+            shift = 32 - 8 * depth  # compare the bytes the walk fixed: a resolved bin is taken whole
+        thr_top = (thr >> shift.to(tl.uint32))
         taken_above = k - k_left  # keys strictly above the threshold, all taken
         sel = Sel + token.to(tl.int64) * stride_selt
         for p0 in range(lo, hi, BLOCK):
             pos = p0 + tl.arange(0, BLOCK)
             ok = pos < hi
-            key = sort_key(tl.load(row + pos, mask=ok, other=float("-inf")))
-            above = ok & (key > thr)
+            key = sort_key(tl.load(row + pos, mask=ok, other=float("-inf"))) >> shift.to(tl.uint32)
+            above = ok & (key > thr_top)
             # (masks built from full-width comparisons: the interpreter holds a mask and-ed with a scalar test, or
             # or-ed with another mask, as int32, which a load refuses)
-            tie = ok & (key == thr) & ((pos * 0 + k_left) > 0)
+            tie = ok & (key == thr_top) & ((pos * 0 + k_left) > 0)
             chosen = (above.to(tl.int32) + tie.to(tl.int32)) > 0
             slots = key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, pos, chosen)
             n_above = tl.sum(above.to(tl.int32), 0)
