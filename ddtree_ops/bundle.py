@@ -178,6 +178,31 @@ def _make_pure(wheels: Path) -> None:
             raise BundleError(f"retagging {whl.name} as py3-none-any failed: {proc.stderr.strip()[-400:]}")
 
 
+def _sglang_git_wheels(spec: BundleSpec, out: Path, log) -> list[Path]:
+    """SGLang built from the spec's git commit, once a commit: a wheel depends on the URL and commit alone, so
+    bundles that differ in our sources or patches reuse it from `out/sglang-git/<digest>/`."""
+    key = hashlib.sha256(f"{spec.sglang_git_url}@{spec.sglang_git_commit}".encode()).hexdigest()[:16]
+    cached = out / "sglang-git" / key
+    if not cached.is_dir():
+        log(f"building SGLang from {spec.sglang_git_url}@{spec.sglang_git_commit[:12]} "
+            f"(no Rust extensions; version {git_wheel_version(spec.sglang_git_commit)})")
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f"{key}-", dir=cached.parent) as tmp:
+            _pip(["wheel", "--quiet", "--no-deps", "-w", tmp, spec.sglang_requirement], "building SGLang from git",
+                 env={"SGLANG_BUILD_RUST_EXTS": "none",
+                      "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG": git_wheel_version(spec.sglang_git_commit)})
+            _make_pure(Path(tmp))
+            try:
+                os.rename(tmp, cached)  # published whole: a concurrent build's copy wins or this one does
+            except OSError:
+                if not cached.is_dir():
+                    raise
+            Path(tmp).mkdir(exist_ok=True)  # TemporaryDirectory cleans up a path that is there
+    else:
+        log(f"SGLang {spec.sglang_git_commit[:12]}: the wheel built before, at {cached}")
+    return sorted(cached.glob("*.whl"))
+
+
 def build_bundle(spec: BundleSpec, out: str | Path, repo: Path = REPO, log=print) -> Bundle:
     """Build (or find in the cache) the bundle for `spec`; return what the host installs."""
     spec.validate()
@@ -202,12 +227,8 @@ def build_bundle(spec: BundleSpec, out: str | Path, repo: Path = REPO, log=print
         versions = {d: _wheel_version(wheels, d) for d in ("ddtree-kernels", "ddtree-ops")}
         sglang_req = spec.sglang_requirement
         if spec.sglang_git_url:  # built here in both modes: the host needs no git, toolchain or scm
-            log(f"bundle {bid}: building SGLang from {spec.sglang_git_url}@{spec.sglang_git_commit[:12]} "
-                f"(no Rust extensions; version {git_wheel_version(spec.sglang_git_commit)})")
-            _pip(["wheel", "--quiet", "--no-deps", "-w", str(wheels), sglang_req], "building SGLang from git",
-                 env={"SGLANG_BUILD_RUST_EXTS": "none",
-                      "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG": git_wheel_version(spec.sglang_git_commit)})
-            _make_pure(wheels)
+            for wheel in _sglang_git_wheels(spec, out, log):
+                shutil.copy(wheel, wheels)
             versions["sglang"] = _wheel_version(wheels, "sglang")
         elif spec.sglang_version:
             versions["sglang"] = spec.sglang_version
