@@ -99,6 +99,20 @@ if not _GLUON_ERROR:
         return split, q_start, n_rows, kv_start, first_row, row_end, lo, hi
 
     @gluon.jit
+    def _prologue(qo_indptr, kv_indptr, min_chunk, split_reserve, late_keys, row_base, row_stride, k_scale, v_scale,
+                  qk_scale_log2, H: gl.constexpr, BLOCK_N: gl.constexpr, SCALE_FROM_PTR: gl.constexpr,
+                  USE_PDL: gl.constexpr):
+        """What every Gluon prefix program does first: let the next launch start (PDL), then its work
+        (_program_work) and its scales (_dequant_scales): (split, q_start, n_rows, kv_start, first_row, row_end, lo,
+        hi, qk_scale, out_scale)."""
+        if USE_PDL:
+            _grid_dependency(False)
+        split, q_start, n_rows, kv_start, first_row, row_end, lo, hi = _program_work(
+            qo_indptr, kv_indptr, min_chunk, split_reserve, late_keys, row_base, row_stride, H, BLOCK_N)
+        qk_scale, out_scale = _dequant_scales(k_scale, v_scale, qk_scale_log2, SCALE_FROM_PTR)
+        return split, q_start, n_rows, kv_start, first_row, row_end, lo, hi, qk_scale, out_scale
+
+    @gluon.jit
     def _dequant_scales(k_scale, v_scale, qk_scale_log2, SCALE_FROM_PTR: gl.constexpr):
         """(scale of the scores, scale of the stored output): k_scale folds into the first, v_scale is the
         second (1 for a 16-bit cache). Passed as floats, or as 0-dim device tensors (no host sync)."""

@@ -58,9 +58,8 @@ if not _GLUON_ERROR:
     from ..gluon_shared import (
         _async_gather,
         _cta_barrier,
-        _dequant_scales,
         _grid_dependency,
-        _program_work,
+        _prologue,
         _raise_running_max,
     )
 
@@ -558,11 +557,9 @@ if not _GLUON_ERROR:
                          "one wgmma row block (or none: keys-major rows only); P ([BLOCK_M, BLOCK_N]) reuses a "
                          "[BLOCK_N, D_R] rope buffer")
         gl.static_assert(BLOCK_M + TAIL_N <= 128, "an empty chunk marks at most 128 rows")
-        if USE_PDL:
-            _grid_dependency(False)
-        split, q_start, n_rows, kv_start, first_row, row_end, lo, hi = _program_work(
-            qo_indptr, kv_indptr, min_chunk, split_reserve, late_keys, row_base, row_stride, H, BLOCK_N)
-        qk_scale, out_scale = _dequant_scales(k_scale, v_scale, qk_scale_log2, SCALE_FROM_PTR)
+        (split, q_start, n_rows, kv_start, first_row, row_end, lo, hi, qk_scale,
+         out_scale) = _prologue(qo_indptr, kv_indptr, min_chunk, split_reserve, late_keys, row_base, row_stride,
+                                k_scale, v_scale, qk_scale_log2, H, BLOCK_N, SCALE_FROM_PTR, USE_PDL)
         if first_row < n_rows:
             if lo >= hi:
                 # An empty chunk: LSE -inf for this block's rows, its tail's included.

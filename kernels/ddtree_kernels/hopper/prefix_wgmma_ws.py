@@ -52,7 +52,6 @@ if not unavailable_reason():
 
     from .prefix_wgmma import (
         _cta_barrier,
-        _dequant_scales,
         _gather_ahead,
         _gather_tile,
         _grid_dependency,
@@ -61,7 +60,7 @@ if not unavailable_reason():
         _keys_major_state,
         _load_queries,
         _opaque_zero,
-        _program_work,
+        _prologue,
         _raise_running_max,
         _store_part,
         _tail_softmax,
@@ -282,11 +281,9 @@ if not unavailable_reason():
         gl.static_assert(num_warps == 4 and BLOCK_M == 64 and BLOCK_N == 64 and D_R == 64 and TAIL_N > 0,
                          "a 4-warp scorer (64 rows, P in a [BLOCK_N, D_R] rope buffer) and a row tail")
         gl.static_assert(not KV_FP8, "a 16-bit cache: an fp8 one takes prefix_wgmma's kernel")
-        if USE_PDL:
-            _grid_dependency(False)
-        split, q_start, n_rows, kv_start, first_row, row_end, lo, hi = _program_work(
-            qo_indptr, kv_indptr, min_chunk, split_reserve, late_keys, row_base, row_stride, H, BLOCK_N)
-        qk_scale, out_scale = _dequant_scales(k_scale, v_scale, qk_scale_log2, SCALE_FROM_PTR)
+        (split, q_start, n_rows, kv_start, first_row, row_end, lo, hi, qk_scale,
+         out_scale) = _prologue(qo_indptr, kv_indptr, min_chunk, split_reserve, late_keys, row_base, row_stride,
+                                k_scale, v_scale, qk_scale_log2, H, BLOCK_N, SCALE_FROM_PTR, USE_PDL)
         # All three partitions run on every program (a warp_specialize region is not branched around): a
         # program past its request's rows, or with an empty chunk, runs no key tile and stores only
         # masked rows or an empty part (LSE -inf), which the merge weighs 0.

@@ -43,9 +43,8 @@ if not _GLUON_ERROR:
     from ..gluon_shared import (
         _async_gather,
         _cta_barrier,
-        _dequant_scales,
         _grid_dependency,
-        _program_work,
+        _prologue,
         _raise_running_max,
     )
 
@@ -383,11 +382,9 @@ if not _GLUON_ERROR:
                  SCALE_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, FP8: gl.constexpr, WARPS: gl.constexpr):
         """What both entry points do: the PDL handshake, this program's rows and keys, then the cache's attend."""
         _check_tile(BLOCK_M, BLOCK_N, D_V, D_R, WARPS)
-        if USE_PDL:
-            _grid_dependency(False)
-        split, q_start, n_rows, kv_start, first_row, row_end, lo, hi = _program_work(
-            qo_indptr, kv_indptr, min_chunk, 0, 0, row_base, BLOCK_M, H, BLOCK_N)
-        qk_scale, out_scale = _dequant_scales(k_scale, v_scale, qk_scale_log2, SCALE_FROM_PTR)
+        (split, q_start, n_rows, kv_start, first_row, row_end, lo, hi, qk_scale,
+         out_scale) = _prologue(qo_indptr, kv_indptr, min_chunk, 0, 0, row_base, BLOCK_M, k_scale, v_scale,
+                                qk_scale_log2, H, BLOCK_N, SCALE_FROM_PTR, USE_PDL)
         if first_row < n_rows:
             if lo >= hi:
                 _empty_split(LSE_part, q_start, first_row, row_end, split, stride_lr, H, BLOCK_M, WARPS)

@@ -32,7 +32,7 @@ if not _GLUON_ERROR:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-    from ..gluon_shared import _cta_barrier, _dequant_scales, _grid_dependency, _program_work
+    from ..gluon_shared import _cta_barrier, _grid_dependency, _prologue
     from .prefix_latent_split import (
         SLICES,
         _empty_split,
@@ -208,11 +208,9 @@ if not _GLUON_ERROR:
         gl.static_assert((BLOCK_M == 16 or BLOCK_M == 32) and num_warps == 2 * SLICES and BLOCK_N == 32,
                          "16 or 32 rows, 8 warps, 32 keys a tile (the e4m3 MMA's k)")
         gl.static_assert(D_V == 512 and D_R == 64, "GLM-5 / DeepSeek's latent (512 + 64)")
-        if USE_PDL:
-            _grid_dependency(False)
-        split, q_start, n_rows, kv_start, first_row, row_end, lo, hi = _program_work(
-            qo_indptr, kv_indptr, min_chunk, 0, 0, row_base, BLOCK_M, H, BLOCK_N)
-        qk_scale, out_scale = _dequant_scales(k_scale, v_scale, qk_scale_log2, SCALE_FROM_PTR)
+        (split, q_start, n_rows, kv_start, first_row, row_end, lo, hi, qk_scale,
+         out_scale) = _prologue(qo_indptr, kv_indptr, min_chunk, 0, 0, row_base, BLOCK_M, k_scale, v_scale,
+                                qk_scale_log2, H, BLOCK_N, SCALE_FROM_PTR, USE_PDL)
         if first_row < n_rows:
             if lo >= hi:
                 _empty_split(LSE_part, q_start, first_row, row_end, split, stride_lr, H, BLOCK_M, num_warps)
