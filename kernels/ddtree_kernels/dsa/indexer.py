@@ -6,7 +6,8 @@ token t's request: the prefix (slots `kv_indices[kv_indptr[b]:]`) and then the t
 block of BLOCK_T tokens x HI heads, which share every gathered key: a [BLOCK_N, 128] fp8 key tile times the
 [BLOCK_T * HI, 128] query tile on the tensor cores (e4m3 `mma.sync` m16n8k32 on sm_120), relu, and the gated sum
 over each token's heads in fp32. The keys are read once a token block; splits fill the GPU
-(launcher.split_count).
+(launcher.split_count). On Hopper the dot runs on bf16 (DOT_BF16, exact for e4m3 values): its fp8 wgmma keeps fewer
+accumulator bits, enough to move near-tie keys across the top-k boundary (3e-2 from the reference at 128k).
 
 Budget on sm_120 (DSA_SM120): keys 128 x 128 fp8 (16 KB) in stages, queries 128 x 128 fp8 (16 KB), 4 warps:
 32,768 B of shared memory, 254 registers, two programs an SM.
@@ -46,7 +47,8 @@ def key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, pos, ok):
 def dsa_index_logits_kernel(
     IQ, IW, index_k, index_s, kv_indices, kv_indptr, qo_indptr, tree_slots, vis, Logits, min_chunk,
     stride_iqt, stride_iqh, stride_iwt, stride_ik, stride_is, stride_vis, stride_lt,
-    HI: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
+    HI: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr,
+    DOT_FP32: tl.constexpr,
 ):
     tb = tl.program_id(0)
     split = tl.program_id(1)
@@ -63,6 +65,8 @@ def dsa_index_logits_kernel(
     offs_d = tl.arange(0, D)
     q = tl.load(IQ + (q_start + tok).to(tl.int64)[:, None] * stride_iqt + (offs_r % HI)[:, None] * stride_iqh
                 + offs_d[None, :], mask=tok_ok[:, None], other=0.0)
+    if DOT_BF16:  # e4m3 values are exact in bf16; Hopper's fp8 wgmma accumulates too coarsely for the top-k
+        q = q.to(tl.bfloat16)
     w = tl.load(IW + (q_start + tok).to(tl.int64) * stride_iwt + offs_r % HI, mask=tok_ok, other=0.0)
     offs_t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = offs_t < n_tok
@@ -73,6 +77,8 @@ def dsa_index_logits_kernel(
         pos = p0 + offs_n
         ok = pos < hi
         k = tl.load(index_k + slots[:, None] * stride_ik + offs_d[None, :], mask=ok[:, None], other=0.0)
+        if DOT_BF16:
+            k = k.to(tl.bfloat16)
         k_scale = tl.load(index_s + slots * stride_is + D // 4, mask=ok, other=0.0)
         # the next tile's slots now: its gather then waits on no index load
         slots = key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, pos + BLOCK_N, pos + BLOCK_N < hi)

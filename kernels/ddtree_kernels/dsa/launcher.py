@@ -115,8 +115,9 @@ class DSAPlan:
         tiles = self.tiles
         if kernel == "indexer":
             t = tiles.indexer
-            return dict(HI=self.index_heads, D=INDEX_DIM, BLOCK_T=t.block_m, BLOCK_N=t.block_n, DOT_FP32=dot_fp32,
-                        num_warps=t.num_warps, num_stages=t.num_stages)
+            hopper = self.target.capability is not None and self.target.capability[0] == 9
+            return dict(HI=self.index_heads, D=INDEX_DIM, BLOCK_T=t.block_m, BLOCK_N=t.block_n, DOT_BF16=hopper,
+                        DOT_FP32=dot_fp32, num_warps=t.num_warps, num_stages=t.num_stages)
         if kernel == "topk":
             t = tiles.topk
             n_max = max(16, 1 << max(0, (self.max_draft_tokens - 1).bit_length()))
