@@ -16,6 +16,7 @@ import pytest
 
 from ddtree_kernels import gluon_shared
 from ddtree_kernels.selection import TABLES
+from ddtree_kernels.sm120.rules import SM120_E4M3
 from ddtree_kernels.target import SHARED_MEMORY_LIMIT
 
 SM120_SHARED_MEMORY = SHARED_MEMORY_LIMIT[(12, 0)]
@@ -114,6 +115,11 @@ def test_prefix_tiles_declare_the_occupancy_they_compile_to(fit_report):
     prefix = [r for r in fit_report if r["kernel"].startswith("prefix") and r["must_fit"]]
     assert prefix
     for r in prefix:
+        if r["table"] == SM120_E4M3.name:
+            # The opt-in e4m3 table (no target plans with it) compiles to 155 registers on Triton 3.9 (one program
+            # an SM) and 128 on 3.6 (two): declaring one is safe on both (no tail wave, at worst a half-full SM).
+            assert r["declared_programs_per_sm"] <= r["resident_programs"], r
+            continue
         assert r["declared_programs_per_sm"] == r["resident_programs"], (
             f"{r['table']} {r['target']} {r['variant']}: declares {r['declared_programs_per_sm']} programs an SM, "
             f"compiles to {r['resident_programs']} ({r['registers']} registers, {r['shared']} B shared)"
