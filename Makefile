@@ -8,7 +8,7 @@ PY := $(BIN)/python
 PYTEST_ARGS ?=
 
 .PHONY: help setup test test-gpu test-sglang-gpu gpu-carry test-server-gpu lint fit wheel clean bench-kernels sglang-wheel release-job smoke-test bench \
-	deploy check rollback testhost testhost-down
+	deploy check rollback testhost testhost-up testhost-down
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -84,12 +84,17 @@ SMOKE_ARGS ?=
 smoke-test: setup  ## make smoke-test HOST=ct200 (on the host; no HOST: the local test host), or ENDPOINT=http://host:30000 from here
 	$(CHECK_INVENTORY)
 	@if [ -n "$(ENDPOINT)" ] && [ -z "$(HOST)" ]; then $(BIN)/ddtree-ops smoke --endpoint $(ENDPOINT) $(SMOKE_ARGS); \
-	else $(ANSIBLE) $(INVENTORY_ARG) playbooks/smoke.yml --limit $(TARGET); fi
+	else $(if $(HOST),,$(PY) -m ddtree_ops.hosts guard $(TARGET) && )$(ANSIBLE) $(INVENTORY_ARG) playbooks/smoke.yml \
+	  --limit $(TARGET); fi
 
 BENCH_ARGS ?=
 # No ENDPOINT: the local test host's server, as smoke-test, check and rollback default to it.
 TESTHOST_ENDPOINT := http://10.213.1.2:30000
 bench: setup  ## decode throughput vs context length of a live endpoint: make bench ENDPOINT=... (no ENDPOINT: the local test host)
+	@$(if $(and $(HOST),$(if $(ENDPOINT),,1)),echo "make bench HOST=$(HOST): bench measures an endpoint from here; give \
+	ENDPOINT=http://ADDRESS:PORT (the server listens on 127.0.0.1 by default: \`.venv/bin/fab tunnel --host $(HOST)\` \
+	first, then ENDPOINT=http://127.0.0.1:30000)"; exit 2)
+	@$(if $(ENDPOINT),,$(PY) -m ddtree_ops.hosts guard ct-test-1)
 	$(BIN)/ddtree-ops bench --endpoint $(or $(ENDPOINT),$(TESTHOST_ENDPOINT)) --out throughput-out $(BENCH_ARGS)
 
 RELEASE_OUT ?= release-report
@@ -113,6 +118,9 @@ ANSIBLE := ANSIBLE_CONFIG=ansible.cfg PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansi
 TESTHOST_DIR := .cache/testhosts
 INVENTORY_ARG = $(if $(HOST),-i $(INVENTORY),-i inventory/test)
 TARGET = $(if $(HOST),$(HOST),ct-test-1)
+# With no HOST the targets act on the local test host: stop before any SSH or HTTP if its namespace is not there
+# (its address would leave through the default route).
+GUARD_TESTHOST = @$(if $(HOST),,$(PY) -m ddtree_ops.hosts guard $(TARGET))
 # An inventory that is not there stops here, naming it (ansible.cfg also fails an unparsable one).
 CHECK_INVENTORY = @$(if $(HOST),test -e $(INVENTORY) || { echo "no inventory at $(INVENTORY): set INVENTORY=path \
 (default inventory/production/hosts.yml)"; exit 2; })
@@ -124,10 +132,12 @@ deploy: setup  ## make deploy HOST=ct200 [ARGS="-e ddtree_budget=16"]; no HOST: 
 
 check: setup  ## make check HOST=ct200: what deploy would change (--check --diff), touching nothing
 	$(CHECK_INVENTORY)
+	$(GUARD_TESTHOST)
 	$(ANSIBLE) $(INVENTORY_ARG) playbooks/deploy.yml --limit $(TARGET) --check --diff $(ARGS)
 
 rollback: setup  ## make rollback HOST=ct200 [ARGS="-e rollback_to=RELEASE_ID"] (a failed release: also -e rollback_force=true)
 	$(CHECK_INVENTORY)
+	$(GUARD_TESTHOST)
 	$(ANSIBLE) $(INVENTORY_ARG) playbooks/rollback.yml --limit $(TARGET) $(ARGS)
 
 testhost: setup  ## start the local test host ct-test-1 and its DDTree git source (kept until make testhost-down)
@@ -135,6 +145,8 @@ testhost: setup  ## start the local test host ct-test-1 and its DDTree git sourc
 	  ip netns list | grep -q '^ddt-host1'; then \
 	  echo "test host ct-test-1 is up (10.213.1.2:2222; make testhost-down removes it)"; \
 	else $(PY) -m tests.support.testhost up --dir $(TESTHOST_DIR) --count 1; fi
+
+testhost-up: testhost  ## the same as make testhost
 
 testhost-down:  ## remove the local test host (kills only its own processes)
 	$(PY) -m tests.support.testhost down --dir $(TESTHOST_DIR)

@@ -27,6 +27,9 @@ REPO = Path(__file__).resolve().parents[1]  # the checkout: ansible.cfg and inve
 DEFAULT_INVENTORY = "inventory/production/hosts.yml"
 TEST_INVENTORY = "inventory/test"
 LOCAL_TEST_HOST = "ct-test-1"  # what `make deploy` with no HOST deploys to
+# Where `make testhost` records its host; a test run names its own folder in DDTREE_TESTHOST_DIR (inventory/test).
+TESTHOST_DIR = REPO / ".cache" / "testhosts"
+TESTHOST_DOWN = "the local test host is down: `make deploy` or `make testhost-up` brings it up"
 ROOT = "/srv/ddtree"
 SERVICE = "sglang-ddtree"
 
@@ -51,7 +54,24 @@ def host_vars(host: str, inventory: str = DEFAULT_INVENTORY) -> dict:
     return {k: v for k, v in result.items() if v != ""}
 
 
+def test_host_down(host: str) -> str | None:
+    """Why local test host `host` (ct-test-*) is not there, found without sending anything: no network namespace
+    for it (from the hosts file its maker wrote), so its address would leave through the default route and
+    something else could answer. None when it is up, or when `host` is not a local test host."""
+    if not host.startswith("ct-test-"):
+        return None
+    state = Path(os.environ.get("DDTREE_TESTHOST_DIR") or TESTHOST_DIR) / "testhosts.json"
+    try:
+        netns = next((h["netns"] for h in json.loads(state.read_text()) if h.get("name") == host), None)
+    except (OSError, ValueError):
+        netns = None
+    return None if netns and Path("/run/netns", netns).exists() else TESTHOST_DOWN
+
+
 def connect(host: str, inventory: str = DEFAULT_INVENTORY) -> tuple[Connection, dict]:
+    down = test_host_down(host)
+    if down:
+        raise SystemExit(f"{host}: {down}")
     hv = host_vars(host, inventory)
     address = hv.get("ansible_host", host)
     if "CHANGE-ME" in str(address) or "CHANGE-ME" in str(hv.get("ansible_user", "")):
@@ -122,8 +142,7 @@ def status_report(conn: Connection, hv: dict) -> tuple[str, bool]:
 def reach_hint(host: str, hv: dict, exc: Exception) -> str:
     """One line for a host that cannot be reached: which address, why, and how to bring it up."""
     where = f"{hv.get('ansible_host', host)}:{hv.get('ansible_port', 22)}"
-    fix = ("the local test host is down: bring it up with `make testhost` (or `make deploy`)"
-           if host.startswith("ct-test-") else "check that the host is up and that ssh reaches it")
+    fix = TESTHOST_DOWN if host.startswith("ct-test-") else "check that the host is up and that ssh reaches it"
     return f"cannot reach {host} at {where} ({type(exc).__name__}: {str(exc)[:160]}): {fix}"
 
 
@@ -160,3 +179,11 @@ def open_tunnel(conn: Connection, hv: dict, local_port: int) -> Iterator[str]:
                     raise SystemExit(f"the tunnel did not open 127.0.0.1:{local_port}") from None
                 time.sleep(0.05)
         yield f"http://127.0.0.1:{local_port}"
+
+
+# `python -m ddtree_ops.hosts guard HOST`: what the Makefile runs before it reaches a local test host.
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "guard":
+        raise SystemExit("usage: python -m ddtree_ops.hosts guard HOST")
+    if why := test_host_down(sys.argv[2]):
+        raise SystemExit(f"{sys.argv[2]}: {why}")

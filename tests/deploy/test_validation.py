@@ -78,3 +78,36 @@ def test_make_names_a_missing_inventory_and_bench_defaults_to_the_test_host():
     assert proc.returncode != 0 and "no inventory at inventory/nope.yml" in proc.stdout + proc.stderr
     dry = subprocess.run(["make", "--no-print-directory", "-n", "bench"], cwd=REPO, capture_output=True, text=True)
     assert "--endpoint http://10.213.1.2:30000" in dry.stdout  # the local test host, as smoke-test and check
+
+
+def _make(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **(env or {})})
+
+
+DOWN = {"DDTREE_TESTHOST_DIR": "/nonexistent"}  # no test-host record: the local test host is down
+
+
+@pytest.mark.parametrize("target", ["smoke-test", "check", "rollback", "bench"])
+def test_tools_stop_before_reaching_a_test_host_that_is_down(target, tmp_path):
+    """With no HOST these act on the local test host; its address would leave through the default route if its
+    namespace is not there, so they stop first, naming how to bring it up: no play starts, no request goes out."""
+    proc = _make(target, env=DOWN)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "the local test host is down: `make deploy` or `make testhost-up` brings it up" in out, out[-2000:]
+    assert "PLAY [" not in out and "Traceback" not in out and "ConnectionRefused" not in out
+
+
+def test_fab_stops_before_reaching_a_test_host_that_is_down():
+    bindir = Path(sys.executable).parent
+    proc = subprocess.run([str(bindir / "fab"), "status"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **DOWN})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "ct-test-1: the local test host is down" in out and "cannot reach" not in out
+
+
+def test_bench_with_a_host_and_no_endpoint_is_refused_clearly():
+    proc = _make("bench", "HOST=ct200")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "give ENDPOINT=" in out and "fab tunnel --host ct200" in out
