@@ -75,16 +75,23 @@ def _bench(args: argparse.Namespace) -> int:
     from .endpoint import Endpoint, EndpointError
     from .throughput import run_throughput
 
-    ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
     try:
-        points = run_throughput(Endpoint(args.endpoint, args.api_key, args.timeout), contexts=ints(args.contexts),
-                                concurrency=ints(args.concurrency), output_len=args.output_len, rounds=args.rounds,
+        points = run_throughput(Endpoint(args.endpoint, args.api_key, args.timeout), contexts=args.contexts,
+                                concurrency=args.concurrency, output_len=args.output_len, rounds=args.rounds,
                                 vocab=args.vocab, out=args.out, previous=args.previous)
     except EndpointError as exc:
         print(f"ddtree-ops bench: {exc}", file=sys.stderr)
         return 1
-    print((Path(args.out) / "throughput.md").read_text())
     failed = [p for p in points if p.ok < p.requests]
+    if not any(p.ok for p in points):
+        for p in failed:
+            print(f"context {p.context} concurrency {p.concurrency}: {p.requests - p.ok} request(s) failed: "
+                  f"{p.errors[0] if p.errors else ''}", file=sys.stderr)
+        stopped = " (stopped after the first point: nothing answers in HTTP)" if points[-1].unreachable else ""
+        print(f"ddtree-ops bench: every request failed{stopped}; nothing measured, no table or plot written",
+              file=sys.stderr)
+        return 1
+    print((Path(args.out) / "throughput.md").read_text())
     for p in failed:
         print(f"context {p.context} concurrency {p.concurrency}: {p.requests - p.ok} request(s) failed: "
               f"{p.errors[0] if p.errors else ''}", file=sys.stderr)
@@ -169,8 +176,40 @@ def _model_view(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (give e.g. 8192, not 8k)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _positive_ints(text: str) -> list[int]:
+    values = [_positive_int(x.strip()) for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one or more whole numbers, comma-separated")
+    return values
+
+
+def _existing_file(text: str) -> str:
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"no file {text!r} (an earlier run's throughput.json)")
+    return text
+
+
+def _url(text: str) -> str:
+    from urllib.parse import urlparse
+
+    parsed = urlparse(text)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL (give e.g. http://127.0.0.1:30000)")
+    return text
+
+
 def _endpoint_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--endpoint", default=os.environ.get("DDTREE_ENDPOINT", "http://127.0.0.1:30000"),
+    p.add_argument("--endpoint", type=_url, default=os.environ.get("DDTREE_ENDPOINT", "http://127.0.0.1:30000"),
                    help="base URL of the SGLang server (default $DDTREE_ENDPOINT or http://127.0.0.1:30000)")
     p.add_argument("--api-key", default=os.environ.get("SGLANG_API_KEY"), help="default $SGLANG_API_KEY")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (long contexts are slow)")
@@ -247,15 +286,17 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--json", action="store_true", help="print what was done as JSON")
     v.set_defaults(func=_model_view)
 
-    b = sub.add_parser("bench", help="decode throughput against context length and concurrency")
+    b = sub.add_parser("bench", help="decode throughput against context length and concurrency",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _endpoint_args(b)
-    b.add_argument("--contexts", default="8192,32768,65536,131072,185000")
-    b.add_argument("--concurrency", default="1,4")
-    b.add_argument("--output-len", type=int, default=256)
-    b.add_argument("--rounds", type=int, default=2, help="requests per point = concurrency x rounds")
-    b.add_argument("--vocab", type=int, default=32000, help="prompt token ids are drawn from [100, vocab)")
+    b.add_argument("--contexts", type=_positive_ints, default="8192,32768,65536,131072,185000",
+                   help="prompt lengths in tokens, comma-separated")
+    b.add_argument("--concurrency", type=_positive_ints, default="1,4", help="requests in flight, comma-separated")
+    b.add_argument("--output-len", type=_positive_int, default=256, help="tokens generated a request")
+    b.add_argument("--rounds", type=_positive_int, default=2, help="requests per point = concurrency x rounds")
+    b.add_argument("--vocab", type=_positive_int, default=32000, help="prompt token ids are drawn from [100, vocab)")
     b.add_argument("--out", default="throughput", help="folder for throughput.json/.md/.png")
-    b.add_argument("--previous", help="an earlier throughput.json to compare against")
+    b.add_argument("--previous", type=_existing_file, help="an earlier throughput.json to compare against")
     b.set_defaults(func=_bench)
 
     args = ap.parse_args(argv)

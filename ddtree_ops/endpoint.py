@@ -19,6 +19,17 @@ class EndpointError(RuntimeError):
     """A request to the endpoint failed; the message says which request and why."""
 
 
+class EndpointUnreachable(EndpointError):
+    """Nothing answered the request in HTTP: the connection was refused or dropped, or the port speaks something
+    else (then the message says so)."""
+
+
+def _unreachable(where: str, exc: Exception) -> EndpointUnreachable:
+    if "BadStatusLine" in repr(exc):
+        return EndpointUnreachable(f"{where}: the port answered, but not in HTTP (is this the SGLang endpoint?)")
+    return EndpointUnreachable(f"{where}: connection refused or dropped ({type(exc).__name__})")
+
+
 @dataclass
 class Endpoint:
     url: str  # e.g. http://127.0.0.1:30000
@@ -36,7 +47,7 @@ class Endpoint:
         try:
             resp = self.session.request(method, self.url + path, timeout=kwargs.pop("timeout", self.timeout), **kwargs)
         except requests.ConnectionError as exc:
-            raise EndpointError(f"{where}: connection refused or dropped ({type(exc).__name__})") from None
+            raise _unreachable(where, exc) from None
         except requests.Timeout:
             raise EndpointError(f"{where}: no answer within {self.timeout:.0f} s") from None
         if resp.status_code >= 400:
@@ -48,8 +59,8 @@ class Endpoint:
         where = f"GET {self.url}{path}"
         try:
             return self.session.get(self.url + path, timeout=timeout or self.timeout).status_code
-        except requests.ConnectionError:
-            raise EndpointError(f"{where}: connection refused or dropped") from None
+        except requests.ConnectionError as exc:
+            raise _unreachable(where, exc) from None
         except requests.Timeout:
             raise EndpointError(f"{where}: no answer within {timeout or self.timeout:.0f} s") from None
 

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .endpoint import Endpoint, EndpointError
+from .endpoint import Endpoint, EndpointError, EndpointUnreachable
 
 
 @dataclass
@@ -38,6 +38,7 @@ class RequestResult:
     itls: list[float] = field(default_factory=list)
     verify_ct: int = 0
     error: str = ""
+    unreachable: bool = False  # nothing answered in HTTP (EndpointUnreachable)
 
     @property
     def tpot(self) -> float | None:
@@ -58,6 +59,7 @@ class Point:
     itl_ms: dict
     accept_length: float | None
     errors: list[str] = field(default_factory=list)
+    unreachable: bool = False  # no request of the point got an HTTP answer
 
 
 def _pct(values: list[float]) -> dict:
@@ -87,7 +89,7 @@ def one_request(ep: Endpoint, context: int, output_len: int, vocab: int, seed: i
             last = t
             meta = event.get("meta_info") or meta
     except EndpointError as exc:
-        return RequestResult(False, error=f"context {context}: {exc}")
+        return RequestResult(False, error=f"context {context}: {exc}", unreachable=isinstance(exc, EndpointUnreachable))
     if first is None:
         return RequestResult(False, error=f"context {context}: POST {ep.url}/generate streamed no token")
     tokens = int(meta.get("completion_tokens") or 0)
@@ -120,6 +122,7 @@ def measure_point(ep: Endpoint, context: int, concurrency: int, output_len: int,
         itl_ms=_pct([x for r in good for x in r.itls]),
         accept_length=statistics.fmean(accept) if accept else None,
         errors=[r.error for r in results if not r.ok][:5],
+        unreachable=all(r.unreachable for r in results),
     )
 
 
@@ -153,7 +156,7 @@ def markdown(points: list[Point], ratios: dict, endpoint: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(points: list[Point], path: Path) -> None:
+def plot(points: list[Point], path: Path, title: str = "") -> None:
     try:
         import matplotlib
     except ImportError:  # hosts get ddtree-ops without it; the JSON and markdown carry the numbers
@@ -172,8 +175,11 @@ def plot(points: list[Point], path: Path) -> None:
     a.set(xscale="log", xlabel="context (prompt tokens)", ylabel="decode tok/s per request (1 / TPOT)")
     b.set(xscale="log", xlabel="context (prompt tokens)", ylabel="TPOT p50 (ms)")
     for ax in (a, b):
+        ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.legend()
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -196,7 +202,11 @@ def run_throughput(ep: Endpoint, *, contexts: list[int], concurrency: list[int],
                 points.append(measure_point(ep, L, c, output_len, vocab, rounds, bar))
                 (out / "throughput.json").write_text(json.dumps(
                     {"endpoint": ep.url, "output_len": output_len, "points": [asdict(p) for p in points]}, indent=1))
+                if all(p.unreachable for p in points):  # nothing answers in HTTP: a closed port or a wrong address
+                    return points
+    if not any(p.ok for p in points):  # nothing measured: no table or plot of empty points
+        return points
     ratios = compare(points, prev)
     (out / "throughput.md").write_text(markdown(points, ratios, ep.url))
-    plot(points, out / "throughput.png")
+    plot(points, out / "throughput.png", title=f"{ep.url}, {time.strftime('%Y-%m-%d')}")
     return points

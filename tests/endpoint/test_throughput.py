@@ -54,3 +54,74 @@ def test_broken_streams_are_reported_and_partial_results_kept(standin, tmp_path)
     assert "context 128 concurrency 1: 1 request(s) failed" in proc.stderr and "without [DONE]" in proc.stderr
     points = json.loads((tmp_path / "throughput.json").read_text())["points"]
     assert [p["ok"] for p in points] == [0, 0] and "without [DONE]" in points[0]["errors"][0]
+    assert not (tmp_path / "throughput.png").exists()  # every request failed: no empty plot
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--contexts", "8k"], "--contexts: '8k' is not a whole number"),
+    (["--concurrency", "0"], "--concurrency: 0 must be at least 1"),
+    (["--previous", "/no/such/throughput.json"], "--previous: no file"),
+    (["--endpoint", "not-a-url"], "--endpoint: 'not-a-url' is not an http(s) URL"),
+])
+def test_bad_arguments_get_one_line_naming_the_problem(args, named, capsys):
+    from ddtree_ops.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", *args])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and named in err.strip().splitlines()[-1] and "Traceback" not in err
+
+
+def test_a_closed_port_stops_at_the_first_point_without_a_plot(tmp_path, capsys):
+    import socket
+
+    from ddtree_ops.cli import main
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rc = main(["bench", "--endpoint", f"http://127.0.0.1:{port}", "--contexts", "64,128,256", "--concurrency", "1",
+               "--out", str(tmp_path), "--timeout", "5"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "every request failed (stopped after the first point" in err and "no table or plot" in err
+    assert len(json.loads((tmp_path / "throughput.json").read_text())["points"]) == 1  # stopped after the first
+    assert not (tmp_path / "throughput.png").exists()
+
+
+def test_every_option_shows_its_default(capsys):
+    from ddtree_ops.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = capsys.readouterr().out
+    for default in ("8192,32768,65536,131072,185000", "(default: 1,4)", "(default: 256)", "(default: 2)"):
+        assert default in " ".join(out.split()), default
+
+
+def test_a_port_that_does_not_speak_http_is_named(tmp_path, capsys):
+    """Something else on the port (here a banner, as sshd sends): the failure says the answer was not HTTP."""
+    import socket
+    import threading
+
+    from ddtree_ops.cli import main
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def answer() -> None:
+        for _ in range(4):
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        rc = main(["bench", "--endpoint", f"http://127.0.0.1:{server.getsockname()[1]}", "--contexts", "64",
+                   "--concurrency", "1", "--rounds", "1", "--out", str(tmp_path), "--timeout", "5"])
+    finally:
+        server.close()
+    assert rc == 1 and "not in HTTP" in capsys.readouterr().err
