@@ -247,6 +247,8 @@ def test_pruning_keeps_current_and_previous_verified(hosts: Hosts):
     assert sequence[r1] < sequence[r2] < sequence[r3], sequence  # the install order, recorded in the manifest
     # Releases are ordered by that sequence, not by file times: r1's markers made the newest changes nothing.
     hosts.sh(H2, f"touch -d '+1 hour' {ROOT}/releases/{r1}/.verified {ROOT}/releases/{r1}/.complete")
+    # a bundle copy no release uses (what an install that failed after its copy leaves): pruned as an orphan
+    hosts.sh(H2, f"touch {ROOT}/shared/bundles/0123456789ab.tar")
     # this deploy also takes the API key from the operator's environment, as production does
     key = "test-key-0123456789"
     result = hosts.play("deploy.yml", limit=H2, extra={**keep, "ddtree_budget": 8}, env={"DDTREE_API_KEY": key})
