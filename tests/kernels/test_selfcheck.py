@@ -16,6 +16,8 @@ def test_the_self_check_passes_and_reports_each_case(kv_dtype, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and [c["name"] for c in report["cases"]] == ["served shape", "ragged requests", "decode"]
     assert all(0 < c["rel_error"] <= c["tolerance"] for c in report["cases"])
+    # it names what it ran: the target planned for and each kernel launched (tree, prefix tile(s), merge)
+    assert report["target"] and report["kernels"][0] == "tree" and report["kernels"][-1] == "merge"
 
 
 def test_a_wrong_kernel_fails_the_self_check(monkeypatch, capsys):
@@ -27,3 +29,4 @@ def test_a_wrong_kernel_fails_the_self_check(monkeypatch, capsys):
     assert selfcheck.main(["--heads", "8", "--draft", "9"]) == 1
     out = capsys.readouterr().out
     assert "FAIL  served shape" in out and "relative error" in out and "FAILED" in out
+    assert "verify plan: bs 1, 8 heads x 9 draft tokens" in out  # the target and kernels it ran

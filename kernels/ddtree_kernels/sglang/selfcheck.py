@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..launcher import plan_verify
 from ..masks import parents_to_visibility, random_parents
 from ..reference import tree_verify_reference
 from .adapter import sglang_verify_fwd
@@ -100,9 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     results = self_check(args.heads, args.draft, args.kv_cache_dtype)
     where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU, Triton interpreter"
+    # What the served shape ran: the target it was planned for and each kernel it launched.
+    plan = plan_verify(1, args.heads, args.draft, args.draft, "cuda" if torch.cuda.is_available() else "cpu",
+                       kv_fp8=args.kv_cache_dtype == "fp8_e4m3")
+    kernels = [launch.kernel for launch in plan.launches()]
     if args.json:
-        print(json.dumps({"device": where, "ok": all(r.ok for r in results), "cases": [asdict(r) for r in results]}))
+        print(json.dumps({"device": where, "target": str(plan.target), "kernels": kernels,
+                          "ok": all(r.ok for r in results), "cases": [asdict(r) for r in results]}))
     else:
+        print(plan.describe())
         for r in results:
             print(f"{'PASS' if r.ok else 'FAIL'}  {r.name}: {r.heads} heads, prefixes {r.prefixes}, drafts {r.drafts}: "
                   f"relative error {r.rel_error:.2e} (allowed {r.tolerance:.0e})")
