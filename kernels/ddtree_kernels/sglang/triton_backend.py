@@ -3,7 +3,7 @@
 SGLang's TritonAttnBackend (0.5.14+) calls `self.verify_splitkv_fwd(...)` for
 TARGET_VERIFY when `self.use_verify_splitkv` is true and falls back to
 `extend_attention_fwd` when it returns False. The subclass turns that hook on and
-points it at `ddtree_kernels.sglang_verify_fwd`. The class is built from the
+points it at `ddtree_kernels.sglang.sglang_verify_fwd`. The class is built from the
 TritonAttnBackend that the patched registry passes in, so it follows the installed
 SGLang release without importing it here.
 
