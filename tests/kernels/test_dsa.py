@@ -88,9 +88,9 @@ def test_the_standalone_call_plans_itself():
 def test_a_workspace_too_small_is_refused():
     plan = plan_dsa_verify(1, 8, 9, 9, 100, TARGET)
     ws = DSAWorkspace(plan, DEVICE)
+    case = make_dsa_case([50], [9], 8, DEVICE, topk=2048)
+    bigger = plan_dsa_verify(1, 8, 9, 9, 1000, TARGET)
     with pytest.raises(ValueError, match="DSAWorkspace"):
-        case = make_dsa_case([50], [9], 8, DEVICE, topk=2048)
-        bigger = plan_dsa_verify(1, 8, 9, 9, 1000, TARGET)
         run_dsa_verify(bigger, ws, *case.args, torch.empty(9, 8, 512, dtype=torch.bfloat16, device=DEVICE),
                        sm_scale=1 / 16)
 

@@ -133,6 +133,12 @@ class DSAPlan:
                         USE_PDL=False, num_warps=tiles.merge_num_warps)
         raise ValueError(f"no DSA kernel {kernel!r}")
 
+    @cached_property
+    def launch_constexprs(self) -> dict[str, dict[str, object]]:
+        """Each kernel's constexprs and options for this plan's target, resolved once: run_dsa_verify reads them on
+        every call."""
+        return {kernel: self.constexprs(kernel) for kernel in ("indexer", "topk", "attention", "merge")}
+
     def describe(self) -> str:
         cache = "fp8" if self.kv_fp8 else "16-bit"
         return (f"DSA verify plan: bs {self.batch_size}, {self.num_heads} heads x {self.max_draft_tokens} draft "
@@ -225,7 +231,7 @@ def run_dsa_verify(
             index_q, index_weights, index_k, index_s, kv_indices, kv_indptr, qo_indptr, tree_slots, visibility,
             ws.logits, tiles.min_chunk,
             index_q.stride(0), index_q.stride(1), index_weights.stride(0), index_k.stride(0), index_s.stride(0),
-            visibility.stride(0), ws.logits.stride(0), **plan.constexprs("indexer"),
+            visibility.stride(0), ws.logits.stride(0), **plan.launch_constexprs["indexer"],
         )
     if "topk" in stages:
         ws.state.zero_()
@@ -233,7 +239,7 @@ def run_dsa_verify(
             dsa_topk_kernel[(plan.max_draft_tokens, plan.topk_splits, bs)](
                 ws.logits, ws.state, ws.sel, ws.sel_count, kv_indices, kv_indptr, qo_indptr, tree_slots,
                 visibility, tiles.min_chunk, ws.logits.stride(0), ws.state.stride(0), ws.sel.stride(0),
-                visibility.stride(0), PASS=step, **plan.constexprs("topk"),
+                visibility.stride(0), PASS=step, **plan.launch_constexprs["topk"],
             )
     if "attention" not in stages:
         return
@@ -245,12 +251,12 @@ def run_dsa_verify(
         q, k_buf, ws.sel, ws.sel_count, qo_indptr, o_part, lse_part,
         k_s, sm_scale * 1.4426950408889634, tiles.attention_min_chunk,
         q.stride(0), q.stride(1), k_buf.stride(0), ws.sel.stride(0), o_part.stride(0), o_part.stride(1),
-        lse_part.stride(0), SCALE_FROM_PTR=scale_from_ptr, **plan.constexprs("attention"),
+        lse_part.stride(0), SCALE_FROM_PTR=scale_from_ptr, **plan.launch_constexprs["attention"],
     )
     merge_parts_kernel[(plan.total_tokens * plan.num_heads, -(-plan.d_v // plan.merge[0]))](
         o_part, lse_part, out, o_part, qo_indptr, bs, splits,
         o_part.stride(0), o_part.stride(1), lse_part.stride(0), out.stride(0), out.stride(1), 0,
-        **plan.constexprs("merge"),
+        **plan.launch_constexprs["merge"],
     )
 
 
