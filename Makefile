@@ -115,6 +115,8 @@ HOST ?=
 INVENTORY ?= inventory/production/hosts.yml
 ARGS ?=
 ANSIBLE := ANSIBLE_CONFIG=ansible.cfg PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-playbook
+# deploy and rollback: on Ctrl-C, SIGTERM or a lost host, playbooks/resume.yml puts back a verified release (ddtree_ops/play.py)
+PLAY := ANSIBLE_CONFIG=ansible.cfg PATH="$(CURDIR)/$(BIN):$$PATH" $(PY) -m ddtree_ops.play
 TESTHOST_DIR := .cache/testhosts
 INVENTORY_ARG = $(if $(HOST),-i $(INVENTORY),-i inventory/test)
 TARGET = $(if $(HOST),$(HOST),ct-test-1)
@@ -128,7 +130,7 @@ CHECK_INVENTORY = @$(if $(HOST),test -e $(INVENTORY) || { echo "no inventory at 
 deploy: setup  ## make deploy HOST=ct200 [ARGS="-e ddtree_budget=16"]; no HOST: the DDTree branch on a local test host
 	$(CHECK_INVENTORY)
 	@$(if $(HOST),,$(MAKE) --no-print-directory testhost)
-	$(ANSIBLE) $(INVENTORY_ARG) playbooks/deploy.yml --limit $(TARGET) $(ARGS)
+	$(PLAY) playbooks/deploy.yml $(INVENTORY_ARG) --limit $(TARGET) $(ARGS)
 
 check: setup  ## make check HOST=ct200: what deploy would change (--check --diff), touching nothing
 	$(CHECK_INVENTORY)
@@ -138,7 +140,7 @@ check: setup  ## make check HOST=ct200: what deploy would change (--check --diff
 rollback: setup  ## make rollback HOST=ct200 [ARGS="-e rollback_to=RELEASE_ID"] (a failed release: also -e rollback_force=true)
 	$(CHECK_INVENTORY)
 	$(GUARD_TESTHOST)
-	$(ANSIBLE) $(INVENTORY_ARG) playbooks/rollback.yml --limit $(TARGET) $(ARGS)
+	$(PLAY) playbooks/rollback.yml $(INVENTORY_ARG) --limit $(TARGET) $(ARGS)
 
 testhost: setup  ## start the local test host ct-test-1 and its DDTree git source (kept until make testhost-down)
 	@if [ -f $(TESTHOST_DIR)/testhosts.json ] && [ -f $(TESTHOST_DIR)/sglang-git/ddtree-v2.commit ] && \

@@ -7,6 +7,7 @@
     ddtree-ops launch-check [--preload MODULE] [--json] (--launch LAUNCH.json [--with-api-key] | -- SERVER ARGS...)
     ddtree-ops serve LAUNCH.json
     ddtree-ops model-view CHECKPOINT VIEW [--json]
+    ddtree-ops venv-record write|check [--record FILE] [--patches DIR]
     ddtree-ops bench --endpoint URL [--contexts 8192,...] [--concurrency 1,4] [--out DIR] [--previous FILE]
 """
 
@@ -215,6 +216,45 @@ def _endpoint_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (long contexts are slow)")
 
 
+def _venv_record(args: argparse.Namespace) -> int:
+    from . import venv_record
+
+    path = Path(args.record) if args.record else venv_record.default_record_path()
+    if args.action == "write":
+        patch_record, files = _applied_patches(args.patches)
+        record = venv_record.write(path, patch_record, files)
+        print(f"recorded {len(record['distributions'])} distributions and {len(record['files'])} files in {path}")
+        return 0
+    found = venv_record.check(path)
+    for line in found:
+        print(f"MODIFIED: {line}")
+    if found:
+        print(f"this venv ({Path(sys.prefix).resolve()}) is not what its deploy built (record: {path}); "
+              "redeploy with -e ddtree_venv_rebuild=true to rebuild it", file=sys.stderr)
+        return 1
+    print(f"venv matches its record ({path})")
+    return 0
+
+
+def _applied_patches(patches: str | None) -> tuple[dict | None, list[str]]:
+    """The patch tool's record in this venv's SGLang and the files its series touches (site-packages-relative)."""
+    import sysconfig
+
+    from .series import load_series
+    from .sglang_tree import locate
+
+    try:
+        tree = locate(sysconfig.get_paths()["purelib"])
+    except (LookupError, FileNotFoundError, ValueError):
+        return None, []
+    record = patchtool.read_record(tree)
+    if not record or not patches:
+        return record, []
+    series = next((s for s in load_series(patches) if s.name == record.get("series")), None)
+    files = [f for p in (series.patches if series else ()) for f in patchtool.patch_files(p)]
+    return record, files
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ddtree-ops", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -286,6 +326,13 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--json", action="store_true", help="print what was done as JSON")
     v.set_defaults(func=_model_view)
 
+    w = sub.add_parser("venv-record", help="record what this venv holds, or check it still does (exit 1 naming "
+                       "each difference)")
+    w.add_argument("action", choices=["write", "check"])
+    w.add_argument("--record", help="the record file (default: venv-record.json beside this venv)")
+    w.add_argument("--patches", help="with write: the patch folder applied (its files are recorded too)")
+    w.set_defaults(func=_venv_record)
+
     b = sub.add_parser("bench", help="decode throughput against context length and concurrency",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _endpoint_args(b)
@@ -293,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="prompt lengths in tokens, comma-separated")
     b.add_argument("--concurrency", type=_positive_ints, default="1,4", help="requests in flight, comma-separated")
     b.add_argument("--output-len", type=_positive_int, default=256, help="tokens generated a request")
-    b.add_argument("--rounds", type=_positive_int, default=2, help="requests per point = concurrency x rounds")
+    b.add_argument("--rounds", type=_positive_int, default=3,
+                   help="rounds a point, one after another, each `concurrency` requests at once; the point reports "
+                        "their median and range")
     b.add_argument("--vocab", type=_positive_int, default=32000, help="prompt token ids are drawn from [100, vocab)")
     b.add_argument("--out", default="throughput", help="folder for throughput.json/.md/.png")
     b.add_argument("--previous", type=_existing_file, help="an earlier throughput.json to compare against")

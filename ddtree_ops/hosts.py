@@ -106,6 +106,17 @@ def status_report(conn: Connection, hv: dict) -> tuple[str, bool]:
     quiet = {"hide": True, "warn": True, "in_stream": False}  # no stdin: fab runs in scripts and tests too
     current = conn.run(f"readlink {root}/current || echo none", **quiet).stdout.strip()
     lines.append(f"current: {current}")
+    problems = []
+    if current != "none":
+        if not conn.run(f"test -e {root}/current/.verified", **quiet).ok:
+            problems.append(f"current names {current.removeprefix('releases/')}, which never passed health and "
+                            "smoke: a restart would start it (the next `make deploy` or `make rollback` puts back a "
+                            "verified release)")
+        record = conn.run(f"{root}/current/venv/bin/ddtree-ops venv-record check", **quiet)
+        lines.append("venv: " + ("matches its record" if record.ok else "DIFFERS FROM ITS RECORD"))
+        if not record.ok:
+            named = [line.removeprefix("MODIFIED: ") for line in record.stdout.splitlines()]
+            problems += named or [record.stderr.strip()]
     listing = conn.run(f"cd {root}/releases 2>/dev/null && for r in *; do [ -d \"$r\" ] && "
                        f"echo \"$r $(ls -A $r | grep -E '^\\.(complete|verified|failed)$' | tr -d . | tr '\\n' ' ')\"; "
                        "done", hide=True, warn=True, in_stream=False).stdout.strip()
@@ -132,8 +143,12 @@ def status_report(conn: Connection, hv: dict) -> tuple[str, bool]:
                      f"accept length {accept}")
     else:
         lines.append(f"server: no answer on {address}:{port}")
-    ok = active == "active" and info.ok
-    if not ok:
+    lines += [f"PROBLEM: {p}" for p in problems]
+    ok = active == "active" and info.ok and not problems
+    if problems and active == "active" and info.ok:
+        lines.append("SERVING, NOT IN ORDER: the PROBLEM lines above; `make deploy HOST=...` puts it right "
+                     "(-e ddtree_venv_rebuild=true for a venv that differs from its record)")
+    elif not ok:
         lines.append(f"NOT SERVING: see `fab logs --host {hv.get('inventory_hostname', 'HOST')}`; roll back with "
                      f"`make rollback HOST=...` or redeploy with `make deploy HOST=...`")
     return "\n".join(lines), ok

@@ -327,9 +327,11 @@ def contract_checks(tree: SglangTree) -> list[CheckResult]:
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "verify_fwd":
                 n_args = len(node.args)
     results.append(CheckResult("contract: forward_extend calls the verify hook with 16 positional arguments",
-                               n_args == 16, f"{n_args} positional arguments"))
+                               n_args == 16, f"{n_args} positional arguments" if n_args >= 0 else
+                               "forward_extend never calls self.verify_splitkv_fwd (a backend older than the hook)"))
     for attr in ("use_verify_splitkv", "verify_splitkv_fwd", "max_context_len", "num_draft_tokens", "device"):
-        results.append(CheckResult(f"contract: TritonAttnBackend sets self.{attr}", f"self.{attr} =" in source))
+        results.append(CheckResult(f"contract: TritonAttnBackend sets self.{attr}", f"self.{attr} =" in source,
+                                   f"no `self.{attr} =` in {TRITON_BACKEND}"))
     if _uses_verify_mask_struct(tree):
         sizing = (tree.package / "srt/layers/attention/verify_mask.py").read_text()
         ok = "num_draft_tokens * (max_context_len + num_draft_tokens)" in sizing

@@ -9,6 +9,8 @@ Metrics follow `python -m sglang.bench_serving`: TTFT = first chunk - send; TPOT
 (latency - TTFT) / (output tokens - 1); ITL = gaps between streamed chunks (with speculative
 decoding one chunk may carry several accepted tokens, so ITL >= TPOT); output throughput =
 output tokens of a point / its wall time. Decode tok/s per request = 1 / TPOT.
+A point runs `rounds` rounds one after another, each `concurrency` requests at once; its decode tok/s is
+the median over rounds of each round's median, with the lowest and highest round as its spread.
 Acceptance length = completion_tokens / spec_verify_ct from the final meta_info.
 Writes throughput.json (after every point: partial results are kept), throughput.md and
 throughput.png (decode tok/s and TPOT against context length).
@@ -53,7 +55,8 @@ class Point:
     ok: int
     wall_s: float
     output_throughput: float  # output tokens / wall time of the point
-    decode_tok_s: float | None  # median over requests of 1 / TPOT
+    decode_tok_s: float | None  # median over rounds of each round's median 1 / TPOT
+    decode_tok_s_rounds: list[float]  # each round's median 1 / TPOT, in the order run (the spread)
     ttft_ms: dict
     tpot_ms: dict
     itl_ms: dict
@@ -97,26 +100,41 @@ def one_request(ep: Endpoint, context: int, output_len: int, vocab: int, seed: i
     return RequestResult(True, first - sent, last - sent, tokens, itls, int(meta.get("spec_verify_ct") or 0))
 
 
+def _round_decode(results: list[RequestResult]) -> float | None:
+    rates = [1 / r.tpot for r in results if r.ok and r.tpot]
+    return statistics.median(rates) if rates else None
+
+
 def measure_point(ep: Endpoint, context: int, concurrency: int, output_len: int, vocab: int, rounds: int,
                   progress=None) -> Point:
-    n = concurrency * rounds
+    """`rounds` rounds one after another, each `concurrency` requests at once (a closed port: one round)."""
     t0 = time.perf_counter()
+    results: list[RequestResult] = []
+    per_round: list[float] = []
     with ThreadPoolExecutor(concurrency) as pool:
-        futures = [pool.submit(one_request, ep, context, output_len, vocab, hash((context, concurrency, i)))
-                   for i in range(n)]
-        results = []
-        for f in futures:
-            results.append(f.result())
-            if progress is not None:
-                progress.update(1)
+        for k in range(rounds):
+            futures = [pool.submit(one_request, ep, context, output_len, vocab, hash((context, concurrency, k, i)))
+                       for i in range(concurrency)]
+            batch = []
+            for f in futures:
+                batch.append(f.result())
+                if progress is not None:
+                    progress.update(1)
+            results += batch
+            rate = _round_decode(batch)
+            if rate is not None:
+                per_round.append(rate)
+            if all(r.unreachable for r in batch):
+                break
     wall = time.perf_counter() - t0
     good = [r for r in results if r.ok]
     tpots = [r.tpot for r in good if r.tpot]
     accept = [r.output_tokens / r.verify_ct for r in good if r.verify_ct]
     return Point(
-        context, concurrency, n, len(good), wall,
+        context, concurrency, len(results), len(good), wall,
         output_throughput=sum(r.output_tokens for r in good) / wall if wall > 0 else 0.0,
-        decode_tok_s=statistics.median(1 / t for t in tpots) if tpots else None,
+        decode_tok_s=statistics.median(per_round) if per_round else None,
+        decode_tok_s_rounds=per_round,
         ttft_ms=_pct([r.ttft for r in good]),
         tpot_ms=_pct(tpots),
         itl_ms=_pct([x for r in good for x in r.itls]),
@@ -140,8 +158,13 @@ def markdown(points: list[Point], ratios: dict, endpoint: str) -> str:
     def trio(d: dict) -> str:
         return f"{d['p50']:.0f} / {d['p90']:.0f} / {d['p99']:.0f}" if d else "—"
 
+    def spread(p: Point) -> str:
+        r = p.decode_tok_s_rounds
+        return f"{num(p.decode_tok_s)} ({min(r):.1f}–{max(r):.1f}, {len(r)} rounds)" if r else "—"
+
     lines = [
-        f"Throughput of {endpoint}; times in ms (p50 / p90 / p99).",
+        f"Throughput of {endpoint}; decode tok/s is the median of the rounds (lowest–highest round); times in ms "
+        "(p50 / p90 / p99 over every request).",
         "",
         "| context | concurrency | ok | decode tok/s | output tok/s | TTFT | TPOT | ITL | accept length "
         "| vs previous |",
@@ -149,7 +172,7 @@ def markdown(points: list[Point], ratios: dict, endpoint: str) -> str:
     ]
     for p in points:
         lines.append(
-            f"| {p.context} | {p.concurrency} | {p.ok}/{p.requests} | {num(p.decode_tok_s)} "
+            f"| {p.context} | {p.concurrency} | {p.ok}/{p.requests} | {spread(p)} "
             f"| {num(p.output_throughput)} | {trio(p.ttft_ms)} | {trio(p.tpot_ms)} | {trio(p.itl_ms)} "
             f"| {num(p.accept_length, '.2f')} | {num(ratios.get((p.context, p.concurrency)), '.2f', '×')} |"
         )
@@ -170,9 +193,12 @@ def plot(points: list[Point], path: Path, title: str = "") -> None:
     for c in sorted({p.concurrency for p in points}):
         pts = sorted((p.context, p) for p in points if p.concurrency == c and p.decode_tok_s)
         if pts:
-            a.plot([x for x, _ in pts], [p.decode_tok_s for _, p in pts], "o-", label=f"concurrency {c}")
+            xs, med = [x for x, _ in pts], [p.decode_tok_s for _, p in pts]
+            lo = [m - min(p.decode_tok_s_rounds or [m]) for m, (_, p) in zip(med, pts, strict=True)]
+            hi = [max(p.decode_tok_s_rounds or [m]) - m for m, (_, p) in zip(med, pts, strict=True)]
+            a.errorbar(xs, med, yerr=[lo, hi], fmt="o-", capsize=3, label=f"concurrency {c} (median, round range)")
             b.plot([x for x, _ in pts], [p.tpot_ms["p50"] for _, p in pts], "o-", label=f"concurrency {c}")
-    a.set(xscale="log", xlabel="context (prompt tokens)", ylabel="decode tok/s per request (1 / TPOT)")
+    a.set(xscale="log", xlabel="context (prompt tokens)", ylabel="decode tok/s a request (1 / TPOT), median of rounds")
     b.set(xscale="log", xlabel="context (prompt tokens)", ylabel="TPOT p50 (ms)")
     for ax in (a, b):
         ax.set_ylim(bottom=0)
@@ -185,8 +211,15 @@ def plot(points: list[Point], path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
+def _served_model(ep: Endpoint) -> str:
+    try:
+        return ep.get_json("/v1/models")["data"][0]["id"]
+    except (EndpointError, KeyError, IndexError, TypeError, ValueError):
+        return "model unknown"
+
+
 def run_throughput(ep: Endpoint, *, contexts: list[int], concurrency: list[int], output_len: int = 256,
-                   rounds: int = 2, vocab: int = 32000, out: str | Path = "throughput",
+                   rounds: int = 3, vocab: int = 32000, out: str | Path = "throughput",
                    previous: str | Path | None = None) -> list[Point]:
     from tqdm import tqdm
 
@@ -208,5 +241,5 @@ def run_throughput(ep: Endpoint, *, contexts: list[int], concurrency: list[int],
         return points
     ratios = compare(points, prev)
     (out / "throughput.md").write_text(markdown(points, ratios, ep.url))
-    plot(points, out / "throughput.png", title=f"{ep.url}, {time.strftime('%Y-%m-%d')}")
+    plot(points, out / "throughput.png", title=f"{ep.url}, {_served_model(ep)}, {time.strftime('%Y-%m-%d')}")
     return points

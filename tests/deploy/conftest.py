@@ -65,9 +65,11 @@ class Hosts:
         return next(h for h in self.hosts if h.name == name)
 
     def _command(self, playbook: str, args: tuple[str, ...], limit: str | None, extra: dict | None,
-                 env: dict | None) -> tuple[list[str], dict]:
+                 env: dict | None, wrapped: bool = False) -> tuple[list[str], dict]:
         bindir = str(Path(sys.executable).parent)
-        cmd = [f"{bindir}/ansible-playbook", "-i", "inventory/test", f"playbooks/{playbook}", *args]
+        # wrapped: through ddtree-ops play, as `make deploy` and `make rollback` run it
+        runner = [sys.executable, "-m", "ddtree_ops.play"] if wrapped else [f"{bindir}/ansible-playbook"]
+        cmd = [*runner, f"playbooks/{playbook}", "-i", "inventory/test", *args]
         if limit:
             cmd += ["--limit", limit]
         if extra:
@@ -86,9 +88,10 @@ class Hosts:
         (self.workdir / f"last-{playbook}.log").write_text(out)
         return PlayResult(proc.returncode, out, _parse_recap(out))
 
-    def start(self, playbook: str, *args: str, limit: str | None = None, extra: dict | None = None) -> subprocess.Popen:
+    def start(self, playbook: str, *args: str, limit: str | None = None, extra: dict | None = None,
+              wrapped: bool = False) -> subprocess.Popen:
         """Start playbooks/<playbook> in the background (its own process group), output on a pipe."""
-        cmd, env = self._command(playbook, args, limit, extra, None)
+        cmd, env = self._command(playbook, args, limit, extra, None, wrapped)
         return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
 

@@ -285,32 +285,64 @@ def test_numeric_and_boolean_overrides_from_the_command_line(hosts: Hosts):
     assert _serving_budget(hosts, H1) == "10"
 
 
-def test_an_interrupted_deploy_converges_on_its_rerun(hosts: Hosts):
+def test_an_interrupted_deploy_converges_on_its_rerun(hosts: Hosts, test_inventory):
     """Killed right after the switch: `current` names the new release while the old process serves, and the
     lock is left. The rerun is refused naming the lock's holder; with the lock broken it restarts the server
     (the process is not the current release), verifies and marks the release verified."""
     before = hosts.state(H1)
     run = hosts.start("deploy.yml", "-e", "ddtree_budget=12", limit=H1, extra=hosts.source(NEW))
-    seen = []
+    seen, switched = [], False
     for line in run.stdout:
         seen.append(line)
-        if "TASK [ddtree : Read which release the running server is]" in line:
+        switched = switched or "TASK [ddtree : Switch current to" in line
+        if switched and "TASK [ddtree : Read which release the running server is]" in line:  # right after the switch
             os.killpg(run.pid, signal.SIGKILL)
             break
     run.wait(timeout=60)
     mid = hosts.state(H1)
     assert mid["current"] != before["current"] and mid["serving"] == before["current"], "".join(seen[-20:])
     assert mid["lock"] and _serving_budget(hosts, H1) == "10"
+    conn, hv = remote.connect(H1, "inventory/test")  # fab status: not in order while current never passed
+    report, ok = remote.status_report(conn, hv)
+    assert not ok and f"current names {mid['current']}, which never passed" in report, report
 
     refused = hosts.play("deploy.yml", "-e", "ddtree_budget=12", limit=H1, extra=hosts.source(NEW))
     text = " ".join(refused.output.split())
     assert refused.rc != 0 and "holds ct-test-1's lock" in text and "ddtree_break_lock=true" in text
+    assert "That run is gone" in text and "stale" in text  # its ansible-playbook no longer runs here
     assert hosts.state(H1)["pids"] == mid["pids"]  # nothing was touched
     result = hosts.play("deploy.yml", "-e", "ddtree_budget=12", "-e", "ddtree_break_lock=true", limit=H1,
                         extra=hosts.source(NEW))
     assert result.rc == 0, result.output[-4000:]
+    text = " ".join(result.output.split())
+    # before anything else, the verified release that was serving went back into `current`
+    assert f"an earlier run stopped before release {mid['current']} passed" in text
+    assert f"current is back on verified release {before['current']}, healthy" in text
     st = _deployed(hosts, H1, NEW)
     assert st["current"] == mid["current"] and _serving_budget(hosts, H1) == "12"
+
+
+def test_ctrl_c_after_the_switch_puts_back_the_verified_release(hosts: Hosts):
+    """`make deploy` (ddtree-ops play) interrupted as a terminal's Ctrl-C would (SIGINT to the whole process group)
+    between the switch and the restart: it resumes, so `current` names the verified release that still serves
+    and the lock is released."""
+    before = hosts.state(H1)
+    run = hosts.start("deploy.yml", "-e", "ddtree_budget=13", limit=H1, extra=hosts.source(NEW), wrapped=True)
+    seen = []
+    for line in run.stdout:
+        seen.append(line)
+        if "TASK [ddtree : Clear the verify statistics of the process being replaced]" in line:
+            os.killpg(run.pid, signal.SIGINT)
+            break
+    out = "".join(seen) + run.communicate(timeout=300)[0]
+    assert run.returncode == 130, out[-3000:]
+    assert "stopped (SIGINT): running playbooks/resume.yml" in out
+    text = " ".join(out.split())
+    assert f"current is back on verified release {before['current']}" in text, out[-3000:]
+    after = _deployed(hosts, H1, NEW)  # current verified, serving, no lock left
+    assert after["current"] == before["current"] and after["pids"] == before["pids"]
+    interrupted = [r for r, m in after["releases"].items() if m == {"complete": True}]
+    assert len(interrupted) == 1  # the new release stays, complete and never verified, not current
 
 
 def test_one_deploy_at_a_time(hosts: Hosts):
@@ -324,6 +356,7 @@ def test_one_deploy_at_a_time(hosts: Hosts):
     assert first.returncode == 0, out[-4000:]
     text = " ".join(second.output.split())
     assert second.rc != 0 and "holds ct-test-1's lock" in text and " since " in text
+    assert "That run is live (process" in text and "wait for it to finish" in text
     _deployed(hosts, H1, NEW)
     assert _serving_budget(hosts, H1) == "14"  # only the first one served
 
@@ -345,6 +378,22 @@ def test_a_verified_release_failing_again_is_not_marked_failed(hosts: Hosts):
     restart = again.output.split("TASK [ddtree : Restart the server on release", 1)[1].split("TASK [", 1)[0]
     assert "skipping" in restart  # the failed run had started this release; nothing to restart
     _deployed(hosts, H1, NEW)
+
+
+def test_a_failing_redeploy_of_an_older_release_restores_the_one_serving(hosts: Hosts):
+    """Budget 12 was verified earlier, budget 14 serves: redeploying 12 against a smoke floor it cannot meet fails,
+    12 is not marked failed (it served and passed before), and 14 is current and serving again."""
+    before = _deployed(hosts, H1, NEW)
+    assert _serving_budget(hosts, H1) == "14"
+    result = hosts.play("deploy.yml", "-e", "ddtree_budget=12", "-e", "ddtree_smoke_min_accept_length=9",
+                        limit=H1, extra=hosts.source(NEW))
+    text = " ".join(result.output.split())
+    assert result.rc != 0 and "had served and passed before, so it was not marked failed" in text, text[-3000:]
+    back = f"rolled back: release {before['current']} is current and healthy (it was serving before this deploy)"
+    assert back in text
+    after = _deployed(hosts, H1, NEW)
+    assert after["current"] == before["current"] and _serving_budget(hosts, H1) == "14"
+    assert not any(m.get("failed") for m in after["releases"].values()), after["releases"]
 
 
 def test_a_killed_server_is_restarted_by_its_unit(hosts: Hosts):
@@ -374,15 +423,37 @@ def test_rollback_to_a_failed_release_needs_force_and_the_printed_hint_runs(host
     refused = hosts.play("rollback.yml", limit=H1, extra={"rollback_to": failed})
     assert refused.rc != 0 and "rollback_force=true" in refused.output
     assert hosts.state(H1)["current"] == good
+    # forced, it starts, but fails the smoke test as it did before: back to the release that was serving
     forced = hosts.play("rollback.yml", limit=H1, extra={"rollback_to": failed, "rollback_force": True})
-    assert forced.rc == 0, forced.output[-3000:]
-    assert hosts.state(H1)["serving"] == failed
-    # the deploy prints how to roll back; run it exactly as printed, from the repository root
+    text = " ".join(forced.output.split())
+    assert forced.rc != 0 and f"Rollback of {H1} to release {failed} failed" in text and "Smoke-test" in text
+    assert f"current is back on release {good}, which was serving before and is healthy again" in text
+    st = _deployed(hosts, H1, NEW)
+    assert st["current"] == good and "verified" not in st["releases"][failed]
+    # the deploy prints how to roll back; run it exactly as printed, from the repository root: to the release
+    # that is current and serving, it changes nothing (no restart)
     hint = f"make rollback HOST={H1} INVENTORY=inventory/test ARGS='-e rollback_to={good}'"
     proc = subprocess.run(hint, shell=True, cwd=REPO, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "DDTREE_TESTHOST_DIR": str(hosts.workdir)})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    assert hosts.state(H1)["serving"] == good
+    assert f"release {good} is current and its server process is running; nothing was changed" in " ".join(
+        proc.stdout.split())
+    assert hosts.state(H1)["pids"] == st["pids"]
+
+
+def test_a_rollback_to_a_broken_release_returns_to_the_one_serving(hosts: Hosts):
+    """A verified release whose launch file was damaged on the host cannot start: the rollback to it ends with the
+    release that was serving current, serving and healthy, and the message names both."""
+    before = _deployed(hosts, H1, NEW)
+    broken = next(r for r, m in before["releases"].items() if m.get("verified") and r != before["current"])
+    hosts.sh(H1, f"echo '{{broken' > {ROOT}/releases/{broken}/launch.json")
+    result = hosts.play("rollback.yml", limit=H1, extra={"rollback_to": broken})
+    text = " ".join(result.output.split())
+    assert result.rc != 0 and f"Rollback of {H1} to release {broken} failed" in text, text[-3000:]
+    assert f"current is back on release {before['current']}, which was serving before and is healthy again" in text
+    after = _deployed(hosts, H1, NEW)
+    assert after["current"] == before["current"]
+    hosts.sh(H1, f"rm -rf {ROOT}/releases/{broken}")  # not a release to keep around
 
 
 def test_a_failing_kernel_self_check_refuses_or_falls_back_to_sglang(hosts: Hosts):
@@ -401,6 +472,29 @@ def test_a_failing_kernel_self_check_refuses_or_falls_back_to_sglang(hosts: Host
     assert restore.rc == 0, restore.output[-3000:]
     manifest = json.loads(hosts.sh(H1, f"cat {ROOT}/current/manifest.json"))
     assert manifest["verify_kernel"] == "ddtree"
+
+
+def test_an_edited_venv_is_refused_until_rebuilt(hosts: Hosts, test_inventory):
+    """A hand edit to a patched SGLang file in the serving release's venv: fab status names it, the next deploy
+    that would reuse the venv refuses (nothing switched), and -e ddtree_venv_rebuild=true builds it again."""
+    before = _deployed(hosts, H1, NEW)
+    site = hosts.sh(H1, f"ls -d {ROOT}/current/venv/lib/python3*/site-packages")
+    edited = "sglang/srt/speculative/dflash_utils.py"
+    hosts.sh(H1, f"echo '# a hand edit' >> {site}/{edited}")
+    conn, hv = remote.connect(H1, "inventory/test")
+    report, ok = remote.status_report(conn, hv)
+    assert not ok and f"PROBLEM: {edited}: changed since the venv was built" in report, report
+    refused = hosts.play("deploy.yml", "-e", "ddtree_budget=14", limit=H1, extra=hosts.source(NEW))
+    text = " ".join(refused.output.split())
+    assert refused.rc != 0 and "differs from its record" in text and f"{edited}: changed" in text, text[-3000:]
+    assert "Nothing was switched" in text and "ddtree_venv_rebuild=true" in text
+    assert hosts.state(H1)["pids"] == before["pids"]
+    rebuilt = hosts.play("deploy.yml", "-e", "ddtree_budget=14", "-e", "ddtree_venv_rebuild=true", limit=H1,
+                         extra=hosts.source(NEW))
+    assert rebuilt.rc == 0, rebuilt.output[-4000:]
+    assert "# a hand edit" not in hosts.sh(H1, f"tail -1 {site}/{edited}")
+    _deployed(hosts, H1, NEW)
+    assert remote.status_report(conn, hv)[1]
 
 
 # -- remote.py ----------------------------------------------------------------------------

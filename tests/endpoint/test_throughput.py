@@ -33,6 +33,22 @@ def test_metrics_match_the_configured_server(standin, tmp_path):
     assert (tmp_path / "throughput.png").stat().st_size > 10_000
 
 
+def test_rounds_give_a_median_and_its_spread(standin, tmp_path):
+    """Three rounds of two requests at once (the CLI's default of rounds): one median 1/TPOT a round, the point's
+    figure is their median, the table shows the range; the plot's title names the endpoint's served model."""
+    from ddtree_ops.throughput import _served_model
+
+    url = standin(tokens_per_s=100.0)
+    (point,) = run_throughput(Endpoint(url, timeout=30), contexts=[256], concurrency=[2], output_len=21, rounds=3,
+                              out=tmp_path)
+    assert point.requests == point.ok == 6 and len(point.decode_tok_s_rounds) == 3
+    assert min(point.decode_tok_s_rounds) <= point.decode_tok_s <= max(point.decode_tok_s_rounds)
+    assert point.decode_tok_s == pytest.approx(100, rel=0.15)
+    row = next(line for line in (tmp_path / "throughput.md").read_text().splitlines() if line.startswith("| 256 |"))
+    assert f"{min(point.decode_tok_s_rounds):.1f}–{max(point.decode_tok_s_rounds):.1f}, 3 rounds" in row
+    assert _served_model(Endpoint(url, timeout=10)) == Endpoint(url, timeout=10).get_json("/v1/models")["data"][0]["id"]
+
+
 def test_comparison_with_a_previous_run(standin, tmp_path):
     slow = run_throughput(Endpoint(standin(tokens_per_s=50.0), timeout=30), contexts=[256], concurrency=[1],
                           output_len=21, rounds=1, out=tmp_path / "before")
@@ -94,7 +110,7 @@ def test_every_option_shows_its_default(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--help"])
     out = capsys.readouterr().out
-    for default in ("8192,32768,65536,131072,185000", "(default: 1,4)", "(default: 256)", "(default: 2)"):
+    for default in ("8192,32768,65536,131072,185000", "(default: 1,4)", "(default: 256)", "(default: 3)"):
         assert default in " ".join(out.split()), default
 
 

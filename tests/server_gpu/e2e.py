@@ -40,6 +40,7 @@ from pathlib import Path
 
 import requests
 
+from .models import DEFAULT_STAND_IN, STAND_INS
 from .report import first_difference
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,12 +97,12 @@ def setup() -> dict:
     return record
 
 
-def make_models() -> dict[str, Path]:
-    root = GPU / "models"
+def make_models(stand_in: str) -> dict[str, Path]:
+    root = GPU / f"models-{stand_in}"
     paths = {"target": root / "target", "drafter": root / "drafter", "view": root / "target-dense-mla"}
     if not (root / ".complete").exists():
         run([PY, "-c", "from tests.server_gpu.models import make_models; from pathlib import Path; "
-             f"make_models(Path({str(root)!r}))"], "making the models", cwd=REPO)
+             f"make_models(Path({str(root)!r}), stand_in={stand_in!r})"], f"making the {stand_in} models", cwd=REPO)
         (root / ".complete").touch()
     view = json.loads(run([OPS, "model-view", paths["target"], paths["view"], "--json"], "dense-MLA view").stdout)
     log(f"view: {view}")
@@ -428,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--same-tokens", type=int, default=48)
     ap.add_argument("--profile-steps", type=int, default=8)
     ap.add_argument("--record-answers", default="ddtree", help="the kernel whose server's answers are recorded")
+    ap.add_argument("--stand-in", choices=sorted(STAND_INS), default=DEFAULT_STAND_IN,
+                    help="the target stand-in (tests/server_gpu/models.py): glm5-weight is GLM-5's per-GPU work a step")
     ap.add_argument("--no-tie-check", dest="tie_check", action="store_false",
                     help="skip the near-tie check where the two servers' greedy tokens part (a third server start)")
     args = ap.parse_args(argv)
@@ -438,7 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary["setup"] = setup()
         log(f"setup done in {time.monotonic() - t0:.1f} s")
-        models = make_models()
+        summary["stand_in"] = {"name": args.stand_in, "layers": STAND_INS[args.stand_in].layers,
+                               "mlp_width": STAND_INS[args.stand_in].mlp_width}
+        models = make_models(args.stand_in)
         log(f"models done at {time.monotonic() - t0:.1f} s")
         for kernel in kernels:
             summary["kernels"][kernel] = run_kernel(kernel, models, args.out, deadline, args)
