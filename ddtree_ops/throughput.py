@@ -76,10 +76,19 @@ def _pct(values: list[float]) -> dict:
     return {"mean": statistics.fmean(s) * 1e3, "p50": q(0.5), "p90": q(0.9), "p99": q(0.99)}
 
 
-def one_request(ep: Endpoint, context: int, output_len: int, vocab: int, seed: int) -> RequestResult:
+def request_seed(context: int, concurrency: int, round_: int, index: int) -> int:
+    """The seed of one request's prompt: the same point, round and slot send the same prompt (a warm cache)."""
+    return hash((context, concurrency, round_, index))
+
+
+def prompt_ids(context: int, vocab: int, seed: int) -> list[int]:
     rng = random.Random(seed)
+    return [rng.randrange(100, vocab) for _ in range(context)]
+
+
+def one_request(ep: Endpoint, context: int, output_len: int, vocab: int, seed: int) -> RequestResult:
     body = {
-        "input_ids": [rng.randrange(100, vocab) for _ in range(context)],
+        "input_ids": prompt_ids(context, vocab, seed),
         "sampling_params": {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True},
         "stream": True,
     }
@@ -113,8 +122,8 @@ def measure_point(ep: Endpoint, context: int, concurrency: int, output_len: int,
     per_round: list[float] = []
     with ThreadPoolExecutor(concurrency) as pool:
         for k in range(rounds):
-            futures = [pool.submit(one_request, ep, context, output_len, vocab, hash((context, concurrency, k, i)))
-                       for i in range(concurrency)]
+            seeds = [request_seed(context, concurrency, k, i) for i in range(concurrency)]
+            futures = [pool.submit(one_request, ep, context, output_len, vocab, seed) for seed in seeds]
             batch = []
             for f in futures:
                 batch.append(f.result())

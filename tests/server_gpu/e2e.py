@@ -8,17 +8,18 @@ On a CUDA machine, from what `make gpu-carry` packed into `.gpu/` on a machine w
    applies the patch set to that SGLang, as the deploy does;
 2. the models of `models.py` (GLM-5's per-GPU attention, random weights, a DFlash drafter, a local
    tokenizer), and the dense-MLA view the deploy makes (`ddtree-ops model-view`);
-3. for each kernel (`DDTREE_VERIFY_KERNEL`): `python -m sglang.launch_server` with the argument vector
-   and env file the role renders for production (`.gpu/launch/ct200`), only the model paths, TP size,
-   port and this machine's folders replaced; CUDA graphs on (the default);
+3. for each algorithm and kernel (`DDTREE_VERIFY_KERNEL`): `python -m sglang.launch_server` with the
+   argument vector and env file the role renders for production (`.gpu/launch/ct200`), only the model
+   paths, TP size, port and this machine's folders replaced; CUDA graphs on (the default). `--algorithm
+   DFLASH` serves the same drafter as a chain (its checkpoint's block), the tree's step cost's yardstick;
 4. against it: the real answers the stand-in server is checked against (`answers.json`), `ddtree-ops
    smoke` (`--verify-stats` for our kernel), greedy tokens at 8k and 128k for the same-token check,
    `ddtree-ops bench` at 8k-185k, and SGLang's torch profiler over a few decode steps at 8k and 185k;
 5. where the two servers' greedy tokens part, the tie check (`tie_check`): the same model served without
    speculative decoding gives its top-2 log-probabilities there (report.py applies the near-tie rule).
-Everything lands in DIR/<kernel>/; `python -m tests.server_gpu.report` turns the runs into
-`server-e2e-h200.json` and its plot. A stage that fails is recorded and the run goes on where it can;
-the exit status is non-zero if anything failed.
+Everything lands in DIR/<run>/ (<kernel> for DDTREE, <kernel>-dflash for DFLASH);
+`python -m tests.server_gpu.report` turns the runs into `server-e2e-h200.json` and its plot. A stage that
+fails is recorded and the run goes on where it can; the exit status is non-zero if anything failed.
 """
 
 from __future__ import annotations
@@ -134,6 +135,22 @@ def replace_args(argv: list[str], values: dict[str, str]) -> list[str]:
     return out
 
 
+def chain_args(argv: list[str]) -> list[str]:
+    """The launch with the same drafter as a DFlash chain: DDTREE's own flags dropped, its block from the
+    drafter's checkpoint."""
+    out, dropping = [], False
+    for arg in argv:
+        if arg.startswith("--"):
+            dropping = arg.startswith("--speculative-ddtree-")
+        if not dropping:
+            out.append(arg)
+    return replace_args(out, {"--speculative-algorithm": "DFLASH"})
+
+
+def run_name(kernel: str, algorithm: str) -> str:
+    return kernel if algorithm == "DDTREE" else f"{kernel}-{algorithm.lower()}"
+
+
 def plain_args(argv: list[str]) -> list[str]:
     """The launch without speculative decoding (and without CUDA graphs: it only prefills), which SGLang lets
     return log-probabilities (DDTree refuses return_logprob)."""
@@ -151,11 +168,14 @@ def plain_args(argv: list[str]) -> list[str]:
 
 class Server:
     def __init__(self, kernel: str, models: dict[str, Path], run_dir: Path, port: int = 30000,
-                 speculative: bool = True):
+                 speculative: bool = True, algorithm: str = "DDTREE", extra: list[str] = ()):
         module, argv, env = production_launch()
         self.argv = replace_args(argv, {"--model-path": str(models["view"]),
                                         "--speculative-draft-model-path": str(models["drafter"]),
                                         "--tp": "1", "--port": str(port)})
+        if algorithm == "DFLASH":
+            self.argv = chain_args(self.argv)
+        self.argv += list(extra)
         if not speculative:
             self.argv = plain_args(self.argv)
         self.url = f"http://127.0.0.1:{port}"
@@ -237,10 +257,12 @@ def record_answers(url: str) -> dict:
 
 
 def bench_prompt(context: int) -> list[int]:
-    """The prompt `ddtree-ops bench` sends at this context (concurrency 1, request 0): its prefix is cached."""
+    """The prompt `ddtree-ops bench` sends first at this context (concurrency 1, round 0, request 0): its
+    prefix is cached, so the token and profile stages prefill nothing. Kept equal to
+    ddtree_ops.throughput.prompt_ids (a test checks), which this machine's Python cannot import."""
     import random
 
-    rng = random.Random(hash((context, 1, 0)))
+    rng = random.Random(hash((context, 1, 0, 0)))
     return [rng.randrange(100, 32000) for _ in range(context)]
 
 
@@ -285,8 +307,11 @@ def profile(url: str, context: int, out_dir: Path, steps: int) -> dict:
 
 
 def first_differences(out: Path) -> dict[str, int]:
-    """Per context, the first index where the two servers' greedy tokens differ (tokens.json of each run)."""
-    paths = [out / kernel / "tokens.json" for kernel in ("ddtree", "sglang")]
+    """Per context, the first index where the two servers' greedy tokens differ (tokens.json of each run):
+    our kernel's DDTREE run against SGLang's, or against our DFLASH chain where SGLang's did not run."""
+    other = "sglang" if (out / "sglang" / "tokens.json").exists() else "ddtree-dflash"
+    paths = [out / run for run in ("ddtree", other)]
+    paths = [p / "tokens.json" for p in paths]
     if not all(p.exists() for p in paths):
         return {}
     ours, theirs = (json.loads(p.read_text()) for p in paths)
@@ -325,11 +350,12 @@ def tie_check(models: dict[str, Path], out: Path, deadline: float) -> dict:
     return result
 
 
-def run_kernel(kernel: str, models: dict[str, Path], out: Path, deadline: float, args) -> dict:
-    run_dir = out / kernel
+def run_kernel(kernel: str, models: dict[str, Path], out: Path, deadline: float, args,
+               algorithm: str = "DDTREE") -> dict:
+    run_dir = out / run_name(kernel, algorithm)
     run_dir.mkdir(parents=True, exist_ok=True)
-    result: dict = {"kernel": kernel, "failed": [], "stages": {}}
-    server = Server(kernel, models, run_dir)
+    result: dict = {"kernel": kernel, "algorithm": algorithm, "failed": [], "stages": {}}
+    server = Server(kernel, models, run_dir, algorithm=algorithm, extra=args.server_args)
     result["argv"] = server.argv
     result["env"] = server.env
 
@@ -355,7 +381,7 @@ def run_kernel(kernel: str, models: dict[str, Path], out: Path, deadline: float,
         result["health_while_starting"] = server.health
         if started is None:
             return result
-        if kernel == args.record_answers:
+        if kernel == args.record_answers and algorithm == "DDTREE":
             answers = stage("answers", lambda: record_answers(server.url))
             if answers is not None:
                 answers["health_while_starting"] = server.health
@@ -369,20 +395,21 @@ def run_kernel(kernel: str, models: dict[str, Path], out: Path, deadline: float,
             log(f"smoke (exit {smoke.returncode}):\n{smoke.stdout[-1500:]}")
             if smoke.returncode:
                 result["failed"].append("smoke: " + smoke.stdout.strip().splitlines()[-1] if smoke.stdout else "smoke")
+        contexts = args.contexts if algorithm == "DDTREE" else args.chain_contexts or args.contexts
         bench = stage("bench", lambda: run([OPS, "bench", "--endpoint", server.url, "--contexts",
-                                            ",".join(map(str, args.contexts)), "--concurrency", "1", "--rounds", "1",
+                                            ",".join(map(str, contexts)), "--concurrency", "1", "--rounds", "1",
                                             "--output-len", str(args.output_len), "--out", run_dir / "bench"],
                                            "bench"), min_left_s=60)
         if bench is not None:
             log(bench.stdout[-2500:])
         tokens = {}
-        for ctx in SAME_TOKEN_CONTEXTS:
+        for ctx in args.same_token_contexts:
             got = stage(f"tokens {ctx}", lambda ctx=ctx: greedy_tokens(server.url, ctx, args.same_tokens))
             if got is not None:
                 tokens[str(ctx)] = got
         (run_dir / "tokens.json").write_text(json.dumps(tokens))
         profiles = []
-        for ctx in PROFILE_CONTEXTS:
+        for ctx in args.profile_contexts:
             got = stage(f"profile {ctx}", lambda ctx=ctx: profile(server.url, ctx, run_dir / f"profile-{ctx}",
                                                                   args.profile_steps), min_left_s=45)
             if got is not None:
@@ -396,7 +423,7 @@ def run_kernel(kernel: str, models: dict[str, Path], out: Path, deadline: float,
     return result
 
 
-def pack(out: Path, dest: Path, kernels: list[str]) -> None:
+def pack(out: Path, dest: Path, runs: list[str]) -> None:
     """Everything but the traces in one tar (the device tool returns 8 files); each trace beside it."""
     if not dest:
         return
@@ -404,12 +431,12 @@ def pack(out: Path, dest: Path, kernels: list[str]) -> None:
     with tarfile.open(dest / "runs.tar.gz", "w:gz") as tf:
         if (out / "summary.json").exists():
             tf.add(out / "summary.json", arcname="summary.json")
-        for k in [*kernels, "plain"]:
+        for k in [*runs, "plain"]:
             if (out / k).exists():
                 tf.add(out / k, arcname=k, filter=lambda ti: None if ti.name.endswith(".trace.json.gz") else ti)
-    for k in kernels:
+    for k in runs:
         for trace in sorted((out / k).glob("profile-*/*.trace.json.gz")):
-            ctx = trace.parent.name.split("-")[1]
+            ctx = trace.parent.name.split("-")[-1]
             shutil.copy(trace, dest / f"trace-{k}-{ctx}.json.gz")
     cache = GPU / "triton-cache"
     if cache.is_dir():
@@ -417,14 +444,27 @@ def pack(out: Path, dest: Path, kernels: list[str]) -> None:
             tf.add(cache, arcname="triton-cache")
 
 
+def contexts(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernel", default="ddtree,sglang", help="comma-separated: ddtree, sglang")
+    ap.add_argument("--algorithm", default="DDTREE",
+                    help="comma-separated: DDTREE (the production launch), DFLASH (the same drafter as a chain)")
+    ap.add_argument("--server-args", type=shlex.split, default=[],
+                    help="appended to every launch, e.g. '--cuda-graph-max-bs-decode 1' (one request at a time: "
+                         "a faster start, the bs=1 graphs unchanged)")
+    ap.add_argument("--chain-contexts", type=contexts, default=None,
+                    help="the DFLASH runs' bench contexts (default: --contexts)")
     ap.add_argument("--out", type=Path, default=GPU / "runs")
     ap.add_argument("--pack", type=Path, default=None, help="also pack the runs for transfer into this folder")
     ap.add_argument("--budget-s", type=float, default=540, help="stop starting new stages after this long")
     ap.add_argument("--start-timeout", type=float, default=300)
-    ap.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=CONTEXTS)
+    ap.add_argument("--contexts", type=contexts, default=CONTEXTS)
+    ap.add_argument("--profile-contexts", type=contexts, default=PROFILE_CONTEXTS)
+    ap.add_argument("--same-token-contexts", type=contexts, default=SAME_TOKEN_CONTEXTS)
     ap.add_argument("--output-len", type=int, default=48)
     ap.add_argument("--same-tokens", type=int, default=48)
     ap.add_argument("--profile-steps", type=int, default=8)
@@ -437,6 +477,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     deadline = t0 + args.budget_s
     kernels = [k for k in args.kernel.split(",") if k]
+    algorithms = [a.upper() for a in args.algorithm.split(",") if a]
+    if unknown := set(algorithms) - {"DDTREE", "DFLASH"}:
+        ap.error(f"--algorithm: {', '.join(sorted(unknown))} is not DDTREE or DFLASH")
+    runs = [(k, a) for a in algorithms for k in kernels]
+    names = [run_name(k, a) for k, a in runs]
     summary = {"kernels": {}}
     try:
         summary["setup"] = setup()
@@ -445,10 +490,10 @@ def main(argv: list[str] | None = None) -> int:
                                "mlp_width": STAND_INS[args.stand_in].mlp_width}
         models = make_models(args.stand_in)
         log(f"models done at {time.monotonic() - t0:.1f} s")
-        for kernel in kernels:
-            summary["kernels"][kernel] = run_kernel(kernel, models, args.out, deadline, args)
-            if args.pack:  # after each kernel: a call cut short still returns what ran
-                pack(args.out, args.pack, kernels)
+        for (kernel, algorithm), name in zip(runs, names, strict=True):
+            summary["kernels"][name] = run_kernel(kernel, models, args.out, deadline, args, algorithm)
+            if args.pack:  # after each run: a call cut short still returns what ran
+                pack(args.out, args.pack, names)
         if args.tie_check and time.monotonic() < deadline - 120:
             summary["ties"] = tie_check(models, args.out, deadline)
     except Exception as exc:
@@ -458,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         if args.pack:
-            pack(args.out, args.pack, kernels)
+            pack(args.out, args.pack, names)
     failed = bool(summary.get("error")) or any(r.get("failed") for r in summary["kernels"].values())
     for kernel, r in summary["kernels"].items():
         log(f"{kernel}: start {r.get('start_s')} s, stages {r.get('stages')}, failed {r.get('failed')}")

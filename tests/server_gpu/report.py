@@ -1,8 +1,10 @@
 """Turn a real-server GPU run (tests/server_gpu/e2e.py) into server-e2e-h200.json, its plot and a table.
 
-    python -m tests.server_gpu.report RUN_DIR --commit SHA [--out tests/server_gpu/results]
+    python -m tests.server_gpu.report RUN_DIR [RUN_DIR ...] --commit SHA [--out tests/server_gpu/results]
 
-RUN_DIR holds what `e2e.py --pack` returned: `runs.tar.gz` (unpacked here) and `trace-<kernel>-<context>.json.gz`.
+RUN_DIR holds what `e2e.py --pack` returned: `runs.tar.gz` (unpacked here) and `trace-<run>-<context>.json.gz`;
+several RUN_DIRs (one run's device calls) are joined, a later one's run of the same name replacing an earlier's.
+A run is `<kernel>` (DDTREE) or `<kernel>-dflash` (the same drafter as a DFlash chain).
 Every figure comes from the run: decode tok/s and TPOT from `ddtree-ops bench` (step = TPOT x acceptance
 length: one verify step per accepted run of tokens), the breakdown from the profiler traces (breakdown.py;
 what the GPU did not account for is the step less the GPU's busy time), same tokens from the greedy
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tarfile
 from pathlib import Path
@@ -22,24 +25,52 @@ from .breakdown import breakdown
 HOST = "host and launch gaps (step - GPU busy)"
 
 
-def load_run(run_dir: Path) -> dict:
+def _unpack(run_dir: Path) -> Path:
     runs = run_dir / "runs"
     if not runs.exists():
         with tarfile.open(run_dir / "runs.tar.gz") as tf:
             tf.extractall(runs, filter="data")
+    return runs
+
+
+def load_run(*run_dirs: Path) -> dict:
+    """Per run name: its result.json, bench, greedy tokens and profiler traces."""
     out = {}
-    for kernel_dir in sorted(p for p in runs.iterdir() if p.is_dir() and (p / "result.json").exists()):
-        result = json.loads((kernel_dir / "result.json").read_text())
-        bench = kernel_dir / "bench" / "throughput.json"
-        tokens = kernel_dir / "tokens.json"
-        out[kernel_dir.name] = {
-            "result": result,
-            "bench": json.loads(bench.read_text()) if bench.exists() else {"points": []},
-            "tokens": json.loads(tokens.read_text()) if tokens.exists() else {},
-            "traces": {int(p.name.split("-")[-1].split(".")[0]): p
-                       for p in run_dir.glob(f"trace-{kernel_dir.name}-*.json.gz")},
-        }
+    for run_dir in run_dirs:
+        runs = _unpack(run_dir)
+        for d in sorted(p for p in runs.iterdir() if p.is_dir() and (p / "result.json").exists()):
+            result = json.loads((d / "result.json").read_text())
+            bench = d / "bench" / "throughput.json"
+            tokens = d / "tokens.json"
+            trace = re.compile(rf"trace-{re.escape(d.name)}-(\d+)\.json\.gz$")
+            out[d.name] = {
+                "result": result,
+                "bench": json.loads(bench.read_text()) if bench.exists() else {"points": []},
+                "tokens": json.loads(tokens.read_text()) if tokens.exists() else {},
+                "traces": {int(m.group(1)): p for p in run_dir.glob("trace-*.json.gz")
+                           if (m := trace.match(p.name))},
+            }
     return out
+
+
+def stand_in(*run_dirs: Path) -> dict:
+    """The target stand-in the runs served (e2e.py's summary.json), the same in every call."""
+    seen = {}
+    for run_dir in run_dirs:
+        summary = _unpack(run_dir) / "summary.json"
+        if summary.exists() and (si := json.loads(summary.read_text()).get("stand_in")):
+            seen[json.dumps(si, sort_keys=True)] = si
+    if len(seen) > 1:
+        raise ValueError(f"the runs served different stand-ins: {sorted(seen)}; report each on its own")
+    return next(iter(seen.values()), {"name": "small", "layers": 8})
+
+
+def algorithm_of(name: str, result: dict) -> str:
+    return result.get("algorithm") or ("DFLASH" if name.endswith("-dflash") else "DDTREE")
+
+
+def kernel_of(name: str, result: dict) -> str:
+    return "ddtree_kernels" if (result.get("kernel") or name.split("-")[0]) == "ddtree" else "sglang"
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -48,9 +79,14 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return min(len(a), len(b)) if first is None and len(a) != len(b) else first
 
 
+def reference_run(run: dict) -> str:
+    """What our DDTREE server's tokens are held to: SGLang's verify if it ran, else our DFLASH chain."""
+    return "sglang" if "sglang" in run else "ddtree-dflash"
+
+
 def same_tokens(run: dict) -> dict:
-    """Per context: equal, or the first index where the two kernels' greedy tokens differ."""
-    ours, theirs = run.get("ddtree", {}).get("tokens", {}), run.get("sglang", {}).get("tokens", {})
+    """Per context: equal, or the first index where our DDTREE server's and the reference's greedy tokens differ."""
+    ours, theirs = run.get("ddtree", {}).get("tokens", {}), run.get(reference_run(run), {}).get("tokens", {})
     return {ctx: {"tokens": min(len(ours[ctx]), len(theirs[ctx])),
                   "first_difference": first_difference(ours[ctx], theirs[ctx])}
             for ctx in sorted(set(ours) & set(theirs), key=int)}
@@ -62,7 +98,7 @@ def same_tokens(run: dict) -> dict:
 TIE_NATS = 1 / 16
 
 
-def near_ties(run_dir: Path, tokens: dict, detail: dict) -> dict:
+def near_ties(run_dir: Path, tokens: dict, detail: dict, reference: str = "sglang") -> dict:
     """Apply the near-tie rule to e2e.py's tie check (`plain/ties.json`): at the first difference, the third
     computation's top two are exactly the two servers' choices, at most TIE_NATS apart; before it, that
     computation's greedy choice is the servers' common token at every position."""
@@ -77,7 +113,7 @@ def near_ties(run_dir: Path, tokens: dict, detail: dict) -> dict:
         if rec is None:
             out[ctx] = {"near_tie": False, "why": "no tie check recorded"}
             continue
-        ours, theirs = tokens["ddtree"][ctx], tokens["sglang"][ctx]
+        ours, theirs = tokens["ddtree"][ctx], tokens[reference][ctx]
         start, prompt_len = rec["logprob_start_len"], rec["prompt_len"]
         ids = [e[1] for e in rec["input_token_logprobs"]]
         aligned = ids[prompt_len - start: prompt_len - start + first + 1] == ours[: first + 1]
@@ -89,46 +125,60 @@ def near_ties(run_dir: Path, tokens: dict, detail: dict) -> dict:
               and {t[1] for t in top2} == {ours[first], theirs[first]})
         out[ctx] = {"near_tie": ok, "first_difference": first, "top2_gap_nats": gap, "rule_nats": TIE_NATS,
                     "third_agrees_before": f"{agree}/{first}", "aligned": aligned,
-                    "choices": {"ours": ours[first], "sglang": theirs[first]},
+                    "choices": {"ours": ours[first], reference: theirs[first]},
                     "top2": [[t[1], t[0]] for t in top2]}
     return out
 
 
 def rows(run: dict) -> list[dict]:
     out = []
-    for kernel, data in run.items():
+    for name, data in run.items():
         profiles = {ctx: breakdown(path) for ctx, path in data["traces"].items()}
         for point in data["bench"]["points"]:
             tpot = point["tpot_ms"].get("p50") if point.get("tpot_ms") else None
             accept = point.get("accept_length") or 1.0
             step = tpot * accept if tpot else None
-            row = {"context": point["context"], "kernel": "ddtree_kernels" if kernel == "ddtree" else "sglang",
-                   "decode_tok_s": point.get("decode_tok_s"), "step_ms": step, "tpot_ms": tpot,
-                   "accept_length": point.get("accept_length"), "breakdown_ms": {}}
+            row = {"context": point["context"], "algorithm": algorithm_of(name, data["result"]),
+                   "kernel": kernel_of(name, data["result"]), "decode_tok_s": point.get("decode_tok_s"),
+                   "step_ms": step, "tpot_ms": tpot, "accept_length": point.get("accept_length"),
+                   "gpu_busy_ms": None, "breakdown_ms": {}}
             prof = profiles.get(point["context"])
             if prof is not None and step is not None:
                 row["breakdown_ms"] = dict(prof["parts_ms"]) | {HOST: max(step - prof["gpu_busy_ms"], 0.0)}
                 row["gpu_busy_ms"] = prof["gpu_busy_ms"]
+                row["step_over_gpu_busy"] = step / prof["gpu_busy_ms"] if prof["gpu_busy_ms"] else None
                 row["profiled_steps"] = prof["steps"]
+                row["host_syncs"] = prof["host_syncs"]
             out.append(row)
-    return sorted(out, key=lambda r: (r["kernel"], r["context"]))
+    return sorted(out, key=lambda r: (r["algorithm"] != "DDTREE", r["kernel"], r["context"]))
 
 
-def report(run_dir: Path, commit: str, note: str | None = None) -> dict:
-    run = load_run(run_dir)
+def _verify_stats(run: dict) -> list[dict]:
+    return [s for name, data in run.items() if kernel_of(name, data["result"]) == "ddtree_kernels"
+            for s in data["result"].get("verify_stats") or []]
+
+
+def report(*run_dirs: Path, commit: str, note: str | None = None) -> dict:
+    run = load_run(*run_dirs)
     ours = run["ddtree"]["result"]
-    stats = ours.get("verify_stats") or []
+    stats = _verify_stats(run)
+    reference = reference_run(run)
     detail = same_tokens(run)
-    ties = near_ties(run_dir, {k: v["tokens"] for k, v in run.items()}, detail)
+    ties = near_ties(run_dirs[-1], {k: v["tokens"] for k, v in run.items()}, detail, reference)
+    si = stand_in(*run_dirs)
     return {
         "commit": commit,
         **({"note": note} if note else {}),
         "gpu": "NVIDIA H200 (sm_90; our kernel's native Hopper path), torch 2.11.0+cu130, Triton 3.6.0",
+        "stand_in": si["name"],
+        "layers": si["layers"],
         "server_args": ours["argv"],
+        "server_args_by_run": {k: v["result"].get("argv") for k, v in run.items()},
         "verify_served": sum(int(s.get("served", 0)) for s in stats),
         "verify_declined": sum(sum((s.get("declined") or {}).values()) for s in stats),
         "verify_shapes": [shape for s in stats for shape in s.get("shapes", [])],
         # Equal tokens, or where they part a near tie by the rule above (near_ties): see same_tokens_rule.
+        "same_tokens_reference": reference,
         "same_tokens": bool(detail) and all(d["first_difference"] is None or ties.get(ctx, {}).get("near_tie")
                                             for ctx, d in detail.items()),
         "same_tokens_rule": (f"greedy tokens equal; where they part, the target served without speculative "
@@ -141,6 +191,11 @@ def report(run_dir: Path, commit: str, note: str | None = None) -> dict:
     }
 
 
+SERIES = {("DDTREE", "ddtree_kernels"): ("our kernel, DDTree", "o-"),
+          ("DDTREE", "sglang"): ("SGLang's Triton verify, DDTree", "s--"),
+          ("DFLASH", "ddtree_kernels"): ("our kernel, DFlash chain", "^:")}
+
+
 def plot(data: dict, path: Path) -> None:
     import matplotlib
 
@@ -148,12 +203,12 @@ def plot(data: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
-    for kernel, style in (("ddtree_kernels", "o-"), ("sglang", "s--")):
-        pts = [r for r in data["rows"] if r["kernel"] == kernel and r["decode_tok_s"]]
-        a.plot([r["context"] for r in pts], [r["decode_tok_s"] for r in pts], style,
-               label="our kernel" if kernel == "ddtree_kernels" else "SGLang's Triton verify")
+    for (algorithm, kernel), (label, style) in SERIES.items():
+        pts = [r for r in data["rows"] if (r["algorithm"], r["kernel"]) == (algorithm, kernel) and r["decode_tok_s"]]
+        if pts:
+            a.plot([r["context"] for r in pts], [r["decode_tok_s"] for r in pts], style, label=label)
     a.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="decode tok/s (1 request)",
-          title="DDTree server on an H200: decode speed")
+          title=f"{data.get('layers', 8)}-layer stand-in on an H200: decode speed")
     a.grid(True, alpha=0.3)
     a.legend()
     # Our kernel's steps only: SGLang's (18-360 ms) would flatten them; their totals go in the labels.
@@ -161,8 +216,8 @@ def plot(data: dict, path: Path) -> None:
     theirs = {r["context"]: r["step_ms"] for r in data["rows"] if r["kernel"] == "sglang" and r["step_ms"]}
     parts = sorted({p for r in bars for p in r["breakdown_ms"]},
                    key=lambda p: -max(r["breakdown_ms"].get(p, 0) for r in bars))
-    labels = [f"{r['context'] // 1000}k" + (f"\n(SGLang's path: {theirs[r['context']]:.0f} ms)"
-                                            if r["context"] in theirs else "") for r in bars]
+    labels = [("chain " if r["algorithm"] == "DFLASH" else "") + f"{r['context'] // 1000}k"
+              + (f"\n(SGLang's path: {theirs[r['context']]:.0f} ms)" if r["context"] in theirs else "") for r in bars]
     bottom = [0.0] * len(bars)
     colors = plt.get_cmap("tab20").colors
     for i, part in enumerate(parts):
@@ -177,26 +232,32 @@ def plot(data: dict, path: Path) -> None:
 
 
 def markdown(data: dict) -> str:
-    lines = ["| context | our kernel: tok/s (step ms) | SGLang's path: tok/s (step ms) | speed-up |",
-             "|---|---|---|---|"]
-    by = {(r["kernel"], r["context"]): r for r in data["rows"]}
+    """One line a context: each run's tok/s (step ms), and the step over the GPU's busy time where profiled."""
+    present = [key for key in SERIES if any((r["algorithm"], r["kernel"]) == key for r in data["rows"])]
+    lines = ["| context | " + " | ".join(f"{SERIES[k][0]}: tok/s (step ms, step / GPU busy)" for k in present) + " |",
+             "|---|" + "---|" * len(present)]
+    by = {(r["algorithm"], r["kernel"], r["context"]): r for r in data["rows"]}
+
+    def cell(r: dict | None) -> str:
+        if not r or not r["decode_tok_s"]:
+            return "—"
+        ratio = f", {r['step_over_gpu_busy']:.2f}×" if r.get("step_over_gpu_busy") else ""
+        return f"{r['decode_tok_s']:.1f} ({r['step_ms']:.2f}{ratio})"
+
     for ctx in sorted({r["context"] for r in data["rows"]}):
-        o, s = by.get(("ddtree_kernels", ctx)), by.get(("sglang", ctx))
-        cell = lambda r: f"{r['decode_tok_s']:.1f} ({r['step_ms']:.2f})" if r and r["decode_tok_s"] else "—"  # noqa: E731
-        speed = f"{o['decode_tok_s'] / s['decode_tok_s']:.1f}×" if o and s and s["decode_tok_s"] else "—"
-        lines.append(f"| {ctx:,} | {cell(o)} | {cell(s)} | {speed} |")
+        lines.append(f"| {ctx:,} | " + " | ".join(cell(by.get((*k, ctx))) for k in present) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
     ap.add_argument("--commit", required=True, help="the commit whose tree the GPU run ran")
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("results"))
     ap.add_argument("--name", default="server-e2e-h200")
-    ap.add_argument("--note", default=None, help="provenance, where RUN_DIR joins runs of more than one call")
+    ap.add_argument("--note", default=None, help="provenance, where the RUN_DIRs are more than one call")
     args = ap.parse_args(argv)
-    data = report(args.run_dir, args.commit, args.note)
+    data = report(*args.run_dirs, commit=args.commit, note=args.note)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(data, indent=1) + "\n")
     plot(data, args.out / f"{args.name}.png")

@@ -1,0 +1,163 @@
+"""The run report (report.py, breakdown.py) on runs and traces built the way e2e.py and torch's profiler write
+them (Chrome trace events), and the DFLASH launch e2e.py derives from the production one."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from ddtree_ops.throughput import prompt_ids, request_seed
+from tests.server_gpu.breakdown import breakdown
+from tests.server_gpu.e2e import bench_prompt, chain_args, run_name
+
+PID, TID = 1, 7
+STEP = "sglang/srt/speculative/{}_worker_v2.py(900): forward_batch_generation"
+
+
+def _py(name: str, ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": "python_function", "name": name, "pid": PID, "tid": TID, "ts": ts, "dur": dur}
+
+
+def _launch(name: str, ts: float, corr: int, dur: float = 5.0) -> dict:
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": PID, "tid": TID, "ts": ts, "dur": dur,
+            "args": {"correlation": corr}}
+
+
+def _gpu(cat: str, name: str, ts: float, dur: float, corr: int) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 0, "ts": ts, "dur": dur,
+            "args": {"correlation": corr}}
+
+
+def _trace(tmp_path: Path, worker: str, steps: int) -> Path:
+    """`steps` decode steps of 1000 us: a drafter kernel, the target's graph replay (attention + MLP), and
+    one copy of the accept lengths to the host that waits 300 us."""
+    events, corr = [], 0
+    for i in range(steps):
+        t = 10_000.0 * i
+        events.append(_py(STEP.format(worker), t, 1000))
+        events.append(_py("sglang/srt/model_executor/model_runner.py(10): forward", t + 10, 100))
+        corr += 1
+        events += [_launch("cudaLaunchKernel", t + 20, corr), _gpu("kernel", "draft_gemm", t + 30, 50, corr)]
+        events.append(_py("sglang/srt/managers/tp_worker.py(5): forward_batch_generation", t + 200, 300))
+        corr += 1
+        events += [_launch("cudaGraphLaunch", t + 210, corr),
+                   _gpu("kernel", "tree_block_attention", t + 220, 100, corr),
+                   _gpu("kernel", "mlp_gemm", t + 320, 200, corr)]
+        events.append(_py("sglang/srt/speculative/dflash_utils.py(3): accept_lens_host", t + 600, 350))
+        corr += 1
+        events += [_launch("cudaMemcpyAsync", t + 610, corr, dur=300),
+                   _gpu("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", t + 900, 2, corr)]
+        events.append(_py("sglang/srt/managers/scheduler.py(1): event_loop_overlap", t + 2000, 10))
+    path = tmp_path / "trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    return path
+
+
+@pytest.mark.parametrize("worker", ["ddtree", "dflash"])
+def test_parts_gpu_busy_and_host_waits_per_step(tmp_path, worker):
+    got = breakdown(_trace(tmp_path, worker, steps=3))
+    assert got["steps"] == 3
+    parts = got["parts_ms"]
+    assert parts["drafter (rest of the model)"] == pytest.approx(0.050)
+    assert parts["target verify attention"] == pytest.approx(0.100)
+    assert parts["target verify (rest of the model)"] == pytest.approx(0.200)
+    assert got["gpu_busy_ms"] == pytest.approx(0.352)
+    syncs = got["host_syncs"]
+    assert syncs["per_step"] == 1 and syncs["wait_ms_per_step"] == pytest.approx(0.3)
+    assert list(syncs["by_caller"]) == ["dflash_utils.py: accept_lens_host"]
+
+
+def test_a_copy_to_the_device_is_not_a_wait(tmp_path):
+    path = _trace(tmp_path, "ddtree", steps=2)
+    with gzip.open(path, "rt") as f:
+        data = json.load(f)
+    for e in data["traceEvents"]:
+        if e["name"].startswith("Memcpy DtoH"):
+            e["name"] = "Memcpy HtoD (Pinned -> Device)"
+    with gzip.open(path, "wt") as f:
+        json.dump(data, f)
+    assert breakdown(path)["host_syncs"]["per_step"] == 0
+
+
+ARGV = ["--model-path", "m", "--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", "8",
+        "--page-size", "1", "--speculative-draft-model-path", "d", "--speculative-ddtree-cuda-graph-buckets", "4", "9"]
+
+
+def test_the_chain_launch_is_the_production_one_without_the_tree():
+    got = chain_args(ARGV)
+    assert got == ["--model-path", "m", "--speculative-algorithm", "DFLASH", "--page-size", "1",
+                   "--speculative-draft-model-path", "d"]
+    assert run_name("ddtree", "DDTREE") == "ddtree" and run_name("ddtree", "DFLASH") == "ddtree-dflash"
+
+
+def test_the_token_and_profile_stages_send_the_bench_prompt():
+    """So their prefill hits the prefix the bench left in the cache (a 78-layer 185k prefill takes minutes)."""
+    for context in (8192, 65536):
+        assert bench_prompt(context) == prompt_ids(context, 32000, request_seed(context, 1, 0, 0))
+
+
+def _run_dir(root: Path, runs: dict[str, dict], stand_in: dict, trace_of: dict[str, Path]) -> Path:
+    """What e2e.py --pack returns: runs.tar.gz (summary.json, <run>/result.json, bench, tokens) and traces."""
+    import shutil
+    import tarfile
+
+    staging = root / "staging"
+    for name, run in runs.items():
+        (staging / name / "bench").mkdir(parents=True)
+        (staging / name / "result.json").write_text(json.dumps(run["result"]))
+        (staging / name / "tokens.json").write_text(json.dumps(run["tokens"]))
+        (staging / name / "bench" / "throughput.json").write_text(json.dumps({"points": run["points"]}))
+    (staging / "summary.json").write_text(json.dumps({"stand_in": stand_in}))
+    out = root / "out"
+    out.mkdir()
+    with tarfile.open(out / "runs.tar.gz", "w:gz") as tf:
+        for p in staging.iterdir():
+            tf.add(p, arcname=p.name)
+    for name, trace in trace_of.items():
+        shutil.copy(trace, out / f"trace-{name}-8192.json.gz")
+    return out
+
+
+def _point(context: int, tpot: float) -> dict:
+    return {"context": context, "decode_tok_s": 1000 / tpot, "tpot_ms": {"p50": tpot}, "accept_length": 1.0}
+
+
+def test_the_report_joins_calls_and_holds_the_tree_to_the_chain(tmp_path):
+    from tests.server_gpu.report import markdown, report
+
+    glm5 = {"name": "glm5-weight", "layers": 78, "mlp_width": 648}
+    for sub in ("t1", "t2"):
+        (tmp_path / sub).mkdir()
+    tree, chain = _trace(tmp_path / "t1", "ddtree", steps=2), _trace(tmp_path / "t2", "dflash", steps=2)
+    first = _run_dir(tmp_path / "call1", {"ddtree": {
+        "result": {"kernel": "ddtree", "algorithm": "DDTREE", "argv": ["--speculative-algorithm", "DDTREE"],
+                   "verify_stats": [{"served": 5, "declined": {}}]},
+        "tokens": {"8192": [1, 2, 3]}, "points": [_point(8192, 0.704)]}}, glm5, {"ddtree": tree})
+    second = _run_dir(tmp_path / "call2", {"ddtree-dflash": {
+        "result": {"kernel": "ddtree", "algorithm": "DFLASH", "argv": ["--speculative-algorithm", "DFLASH"],
+                   "verify_stats": [{"served": 7, "declined": {"x": 1}}]},
+        "tokens": {"8192": [1, 2, 3]}, "points": [_point(8192, 0.5)]}}, glm5, {"ddtree-dflash": chain})
+    data = report(first, second, commit="abc")
+    assert data["layers"] == 78 and data["stand_in"] == "glm5-weight"
+    assert data["same_tokens_reference"] == "ddtree-dflash" and data["same_tokens"] is True
+    assert (data["verify_served"], data["verify_declined"]) == (12, 1)
+    by = {r["algorithm"]: r for r in data["rows"]}
+    assert by["DDTREE"]["gpu_busy_ms"] == pytest.approx(0.352)
+    assert by["DDTREE"]["step_over_gpu_busy"] == pytest.approx(0.704 / 0.352)
+    assert by["DFLASH"]["host_syncs"]["per_step"] == 1
+    table = markdown(data)
+    assert "our kernel, DFlash chain" in table and "2.00×" in table
+
+
+def test_calls_that_served_different_stand_ins_are_refused(tmp_path):
+    from tests.server_gpu.report import report
+
+    run = {"ddtree": {"result": {"kernel": "ddtree", "argv": []}, "tokens": {}, "points": []}}
+    a = _run_dir(tmp_path / "a", run, {"name": "small", "layers": 8}, {})
+    b = _run_dir(tmp_path / "b", run, {"name": "glm5-weight", "layers": 78}, {})
+    with pytest.raises(ValueError, match="different stand-ins"):
+        report(a, b, commit="abc")
