@@ -400,7 +400,41 @@ def ddtree_checks(tree: SglangTree) -> list[CheckResult]:
                   and any(isinstance(t, ast.Name) and t.id == "path_width" for t in n.targets)]
         results.append(CheckResult("ddtree v2: the accepted path is no wider than the verified tree (0003)",
                                    widths == ["min(int(self.block_size), q_len)"], "; ".join(widths)))
+        syncs = host_syncs(_module_ast(tree.package / DDTREE_WORKER_V2), "DDTreeWorkerV2", VERIFY_STEP)
+        results.append(CheckResult("ddtree v2: no host sync in the verify step (0005)", not syncs,
+                                   "; ".join(syncs) or f"{', '.join(VERIFY_STEP)}: none outside {', '.join(OFF_PATH)}"))
     return results
+
+
+# The DDTree step's host code, and the branches it runs only off the served path: a flat mask (not built for
+# our backend), the step profiler, the first step's log line.
+VERIFY_STEP = ("forward_batch_generation", "_build_verify_input")
+OFF_PATH = ("build_attention_mask", "profiler.enabled", "_logged_first_verify")
+SYNC_METHODS = {"item", "tolist", "cpu"}
+
+
+def host_syncs(module: ast.Module, cls_name: str, functions: tuple[str, ...]) -> list[str]:
+    """Calls in `cls_name`'s `functions` that copy device values to the host (.item(), .tolist(), .cpu(),
+    .to("cpu")), so stall the step until the GPU catches up, outside a branch that runs only off the path."""
+    cls = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == cls_name)
+    found = []
+
+    def walk(node: ast.AST, where: str) -> None:
+        if isinstance(node, ast.If) and any(flag in ast.unparse(node.test) for flag in OFF_PATH):
+            for child in node.orelse:
+                walk(child, where)
+            return
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
+                node.func.attr in SYNC_METHODS or (node.func.attr == "to" and any(
+                    isinstance(a, ast.Constant) and a.value == "cpu" for a in node.args))):
+            found.append(f"{where} line {node.lineno}: {ast.unparse(node)[:80]}")
+        for child in ast.iter_child_nodes(node):
+            walk(child, where)
+
+    for fn in cls.body:
+        if isinstance(fn, ast.FunctionDef) and fn.name in functions:
+            walk(fn, fn.name)
+    return found
 
 
 def _compact_feed_contract(tree: SglangTree) -> list[CheckResult]:

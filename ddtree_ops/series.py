@@ -60,8 +60,8 @@ class Series:
 
 
 def patches_dir(explicit: str | Path | None = None) -> Path:
-    """--patches, else $DDTREE_PATCHES, else the repository's patches/."""
-    return Path(explicit or os.environ.get("DDTREE_PATCHES") or DEFAULT_PATCHES)
+    """--patches, else $DDTREE_PATCHES, else the repository's patches/ (absolute: `patch` runs in the tree)."""
+    return Path(explicit or os.environ.get("DDTREE_PATCHES") or DEFAULT_PATCHES).resolve()
 
 
 def load_series(directory: str | Path | None = None) -> list[Series]:

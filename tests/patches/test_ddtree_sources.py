@@ -15,7 +15,7 @@ from .conftest import tree_hashes
 SNAPSHOTS = [s for s in load_sources() if s.snapshot]
 PATCHED = {"python/sglang/srt/speculative/dflash_utils.py", "python/sglang/srt/layers/attention/attention_registry.py"}
 # What each branch gets, found from its sources: ddtree-v2's worker also takes 0003 (its accept path)
-# and 0004 (our backend fed the compact tree visibility).
+# 0004 (our backend fed the compact tree visibility) and 0005 (no host sync in its verify step).
 EXPECTED = {
     "ddtree-v2": ("ddtree-v2", PATCHED | {"python/sglang/srt/speculative/ddtree_worker_v2.py",
                                           "python/sglang/srt/speculative/ddtree_utils.py"}),
@@ -96,3 +96,26 @@ def test_release_job_rows_for_ddtree_sources(tmp_path):
     assert f"| {SNAPSHOTS[0].name} @ {SNAPSHOTS[0].commit[:8]} (snapshot) | ddtree-v2 | applies | applies | applies |" \
         in (tmp_path / "matrix.md").read_text()
     assert matrix.supported_all()
+
+
+def test_the_v2_verify_step_copies_nothing_to_the_host_once_patched(tmp_path):
+    """0005: the two device-to-host copies the real server's trace found in DDTree's step (the prefix lengths
+    read for a flat mask our backend does not get, and the prefix sum's .item()) are gone, and the check that
+    says so finds them in the branch as it is."""
+    import ast
+
+    from ddtree_ops.patched_checks import DDTREE_WORKER_V2, VERIFY_STEP, host_syncs
+
+    source = next(s for s in SNAPSHOTS if s.name == "ddtree-v2")
+    repo = tmp_path / "sglang"
+    git_checkout(source.snapshot_path(), repo)
+    worker = locate(repo).package / DDTREE_WORKER_V2
+
+    def syncs() -> list[str]:
+        return host_syncs(ast.parse(worker.read_text()), "DDTreeWorkerV2", VERIFY_STEP)
+
+    before = syncs()
+    assert any("prefix_lens.sum().item()" in s for s in before), before
+    assert any("batch.seq_lens.to('cpu'" in s for s in before), before
+    assert patchtool.apply(repo).outcome == "applied"
+    assert syncs() == []
