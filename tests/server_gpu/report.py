@@ -84,12 +84,16 @@ def reference_run(run: dict) -> str:
     return "sglang" if "sglang" in run else "ddtree-dflash"
 
 
-def same_tokens(run: dict) -> dict:
-    """Per context: equal, or the first index where our DDTREE server's and the reference's greedy tokens differ."""
-    ours, theirs = run.get("ddtree", {}).get("tokens", {}), run.get(reference_run(run), {}).get("tokens", {})
+def compare_tokens(ours: dict, theirs: dict) -> dict:
+    """Per context both hold: how many tokens compared, and the first index where they differ (None: equal)."""
     return {ctx: {"tokens": min(len(ours[ctx]), len(theirs[ctx])),
                   "first_difference": first_difference(ours[ctx], theirs[ctx])}
             for ctx in sorted(set(ours) & set(theirs), key=int)}
+
+
+def same_tokens(run: dict) -> dict:
+    """Per context: equal, or the first index where our DDTREE server's and the reference's greedy tokens differ."""
+    return compare_tokens(run.get("ddtree", {}).get("tokens", {}), run.get(reference_run(run), {}).get("tokens", {}))
 
 
 # Where the two servers part, the near-tie rule: a logit is a bf16 number (SGLang's lm_head writes bf16), and
@@ -158,7 +162,12 @@ def _verify_stats(run: dict) -> list[dict]:
             for s in data["result"].get("verify_stats") or []]
 
 
-def report(*run_dirs: Path, commit: str, note: str | None = None) -> dict:
+def same_as_before(run: dict, before: dict) -> dict:
+    """Per context: our DDTREE server's greedy tokens now against a run before a change (the same launch)."""
+    return compare_tokens(run.get("ddtree", {}).get("tokens", {}), before.get("ddtree", {}).get("tokens", {}))
+
+
+def report(*run_dirs: Path, commit: str, note: str | None = None, before: tuple[Path, ...] = ()) -> dict:
     run = load_run(*run_dirs)
     ours = run["ddtree"]["result"]
     stats = _verify_stats(run)
@@ -187,6 +196,7 @@ def report(*run_dirs: Path, commit: str, note: str | None = None) -> dict:
         "same_tokens_detail": {ctx: d | ({"near_tie": ties[ctx]} if ctx in ties else {})
                                for ctx, d in detail.items()},
         "start_s": {k: v["result"].get("start_s") for k, v in run.items()},
+        **({"same_tokens_as_before": same_as_before(run, load_run(*before))} if before else {}),
         "rows": rows(run),
     }
 
@@ -256,8 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("results"))
     ap.add_argument("--name", default="server-e2e-h200")
     ap.add_argument("--note", default=None, help="provenance, where the RUN_DIRs are more than one call")
+    ap.add_argument("--before", type=Path, nargs="+", default=(), metavar="RUN_DIR",
+                    help="a run before a change (its RUN_DIRs): same_tokens_as_before compares our DDTREE tokens")
     args = ap.parse_args(argv)
-    data = report(*args.run_dirs, commit=args.commit, note=args.note)
+    data = report(*args.run_dirs, commit=args.commit, note=args.note, before=tuple(args.before))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(data, indent=1) + "\n")
     plot(data, args.out / f"{args.name}.png")

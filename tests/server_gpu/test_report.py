@@ -151,6 +151,22 @@ def test_the_report_joins_calls_and_holds_the_tree_to_the_chain(tmp_path):
     assert by["DFLASH"]["host_syncs"]["per_step"] == 1
     table = markdown(data)
     assert "our kernel, DFlash chain" in table and "2.00×" in table
+    assert "same_tokens_as_before" not in data
+
+
+def test_tokens_are_held_to_the_run_before_a_change(tmp_path):
+    from tests.server_gpu.report import report
+
+    glm5 = {"name": "glm5-weight", "layers": 78}
+
+    def call(name: str, tokens: list[int]) -> Path:
+        return _run_dir(tmp_path / name, {"ddtree": {"result": {"kernel": "ddtree", "argv": []},
+                                                     "tokens": {"8192": tokens, "65536": [4]},
+                                                     "points": [_point(8192, 0.5)]}}, glm5, {})
+
+    before, after = call("before", [1, 2, 3]), call("after", [1, 2, 9])
+    got = report(after, commit="abc", before=(before,))["same_tokens_as_before"]
+    assert got == {"8192": {"tokens": 3, "first_difference": 2}, "65536": {"tokens": 1, "first_difference": None}}
 
 
 def test_calls_that_served_different_stand_ins_are_refused(tmp_path):
