@@ -24,6 +24,7 @@ from .sglang_tree import SglangTree
 DFLASH_UTILS = "srt/speculative/dflash_utils.py"
 DDTREE_UTILS = "srt/speculative/ddtree_utils.py"
 DDTREE_WORKER_V2 = "srt/speculative/ddtree_worker_v2.py"
+MEMORY_POOL = "srt/mem_cache/memory_pool.py"
 REGISTRY = "srt/layers/attention/attention_registry.py"
 TRITON_BACKEND = "srt/layers/attention/triton_backend.py"
 OUR_BACKEND = "DDTreeTritonAttnBackend"
@@ -403,7 +404,20 @@ def ddtree_checks(tree: SglangTree) -> list[CheckResult]:
         syncs = host_syncs(_module_ast(tree.package / DDTREE_WORKER_V2), "DDTreeWorkerV2", VERIFY_STEP)
         results.append(CheckResult("ddtree v2: no host sync in the verify step (0005)", not syncs,
                                    "; ".join(syncs) or f"{', '.join(VERIFY_STEP)}: none outside {', '.join(OFF_PATH)}"))
+        calls = mla_move_calls(_module_ast(tree.package / MEMORY_POOL))
+        results.append(CheckResult("ddtree v2: the MLA pool moves every layer's rows in one launch (0006)",
+                                   "copy_all_layer_kv_cache_func" in calls.get("_move_kv_cache_all_layers", [])
+                                   and "self._move_kv_cache_all_layers" in calls.get("move_kv_cache", []),
+                                   "; ".join(f"{fn}: {', '.join(c)}" for fn, c in calls.items())[:300]))
     return results
+
+
+def mla_move_calls(module: ast.Module) -> dict[str, list[str]]:
+    """What MLATokenToKVPool's move methods call (the launch-per-layer loop calls nothing of note)."""
+    cls = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == "MLATokenToKVPool")
+    return {fn.name: [ast.unparse(c.func) for c in ast.walk(fn) if isinstance(c, ast.Call)]
+            for fn in cls.body if isinstance(fn, ast.FunctionDef)
+            and (fn.name == "move_kv_cache" or fn.name.startswith("_move_kv_cache"))}
 
 
 # The DDTree step's host code, and the branches it runs only off the served path: a flat mask (not built for

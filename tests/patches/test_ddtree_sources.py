@@ -14,11 +14,13 @@ from .conftest import tree_hashes
 
 SNAPSHOTS = [s for s in load_sources() if s.snapshot]
 PATCHED = {"python/sglang/srt/speculative/dflash_utils.py", "python/sglang/srt/layers/attention/attention_registry.py"}
-# What each branch gets, found from its sources: ddtree-v2's worker also takes 0003 (its accept path)
-# 0004 (our backend fed the compact tree visibility) and 0005 (no host sync in its verify step).
+# What each branch gets, found from its sources: ddtree-v2 also takes 0003 (its accept path),
+# 0004 (our backend fed the compact tree visibility), 0005 (no host sync in its verify step) and 0006
+# (the MLA pool's move in one launch).
 EXPECTED = {
     "ddtree-v2": ("ddtree-v2", PATCHED | {"python/sglang/srt/speculative/ddtree_worker_v2.py",
-                                          "python/sglang/srt/speculative/ddtree_utils.py"}),
+                                          "python/sglang/srt/speculative/ddtree_utils.py",
+                                          "python/sglang/srt/mem_cache/memory_pool.py"}),
     "ddtree": ("ddtree-branches", PATCHED),
 }
 

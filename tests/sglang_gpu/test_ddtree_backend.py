@@ -245,3 +245,35 @@ def test_cuda_graph_capture_then_replay_new_trees_prefixes_and_slots(sg, stats, 
         _close(got, case.reference(), 3e-2 if kv_dtype == FP8 else 2e-2)
     assert captured >= 1 and stats.declined == {}
     assert stats.served == captured  # replays run the captured kernels; the Python hook is not called again
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, FP8])
+def test_the_mla_pool_moves_every_layer_in_one_launch_as_the_loop_did(sg, kv_dtype):
+    """Patch 0006: the real MLATokenToKVPool moves the accepted rows of all its layers with SGLang's
+    all-layer byte copy, and every layer ends as the gather-then-scatter loop left it: paths whose rows
+    read a slot a later row writes (a_i >= i, as DDTree's and EAGLE's moves are), padding rows to slot 0,
+    and a move of 300 rows (two chunks) with such a read across the chunk boundary. On CUDA through
+    move_kv_cache; on a CPU (developing) the same method runs under Triton's interpreter."""
+    gen = torch.Generator().manual_seed(6)
+    pool = sg.MLATokenToKVPool(1024, page_size=1, dtype=kv_dtype, kv_lora_rank=512, qk_rope_head_dim=64,
+                               layer_num=5, device=DEVICE, enable_memory_saver=False)
+    for buf in pool.kv_buffer:
+        buf.copy_(torch.randint(0, 120, buf.shape, generator=gen, dtype=torch.uint8).view(buf.dtype).to(DEVICE)
+                  if buf.element_size() == 1 else torch.randn(buf.shape, generator=gen).to(DEVICE, buf.dtype))
+
+    def path(first_slot: int, accepted: list[int]) -> tuple[list[int], list[int]]:
+        return [first_slot + i for i in range(len(accepted))], [first_slot + a for a in accepted]
+
+    moves = [path(20, [0, 2, 5]), path(40, [0, 1, 2, 3]), ([0, 0], [0, 0]), path(100, [0, *range(2, 300)])]
+    for tgt, src in moves:
+        tgt_t = torch.tensor(tgt, dtype=torch.int64, device=DEVICE)
+        src_t = torch.tensor(src, dtype=torch.int64, device=DEVICE)
+        expected = [buf.clone() for buf in pool.kv_buffer]
+        for buf in expected:
+            buf[tgt_t] = buf[src_t]
+        if DEVICE == "cuda":
+            pool.move_kv_cache(tgt_t, src_t)
+        else:
+            pool._move_kv_cache_all_layers(tgt_t, src_t)
+        for layer, (got, want) in enumerate(zip(pool.kv_buffer, expected, strict=True)):
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (layer, tgt[:4], src[:4])
