@@ -173,7 +173,8 @@ def report(*run_dirs: Path, commit: str, note: str | None = None, before: tuple[
     stats = _verify_stats(run)
     reference = reference_run(run)
     detail = same_tokens(run)
-    ties = near_ties(run_dirs[-1], {k: v["tokens"] for k, v in run.items()}, detail, reference)
+    with_ties = [d for d in run_dirs if (d / "runs" / "plain" / "ties.json").exists()]  # the call that ran it
+    ties = near_ties((with_ties or run_dirs)[-1], {k: v["tokens"] for k, v in run.items()}, detail, reference)
     si = stand_in(*run_dirs)
     return {
         "commit": commit,
