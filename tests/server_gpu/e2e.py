@@ -135,16 +135,21 @@ def replace_args(argv: list[str], values: dict[str, str]) -> list[str]:
     return out
 
 
-def chain_args(argv: list[str]) -> list[str]:
-    """The launch with the same drafter as a DFlash chain: DDTREE's own flags dropped, its block from the
-    drafter's checkpoint."""
+def drop_flags(argv: list[str], prefix: str) -> list[str]:
+    """The argument vector without every flag starting with `prefix` and the values that follow it."""
     out, dropping = [], False
     for arg in argv:
         if arg.startswith("--"):
-            dropping = arg.startswith("--speculative-ddtree-")
+            dropping = arg.startswith(prefix)
         if not dropping:
             out.append(arg)
-    return replace_args(out, {"--speculative-algorithm": "DFLASH"})
+    return out
+
+
+def chain_args(argv: list[str]) -> list[str]:
+    """The launch with the same drafter as a DFlash chain: DDTREE's own flags dropped, its block from the
+    drafter's checkpoint."""
+    return replace_args(drop_flags(argv, "--speculative-ddtree-"), {"--speculative-algorithm": "DFLASH"})
 
 
 def run_name(kernel: str, algorithm: str) -> str:
@@ -154,16 +159,7 @@ def run_name(kernel: str, algorithm: str) -> str:
 def plain_args(argv: list[str]) -> list[str]:
     """The launch without speculative decoding (and without CUDA graphs: it only prefills), which SGLang lets
     return log-probabilities (DDTree refuses return_logprob)."""
-    out, skip = [], False
-    for i, arg in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        if arg.startswith("--speculative-"):
-            skip = "=" not in arg and i + 1 < len(argv) and not argv[i + 1].startswith("--")
-            continue
-        out.append(arg)
-    return [*out, "--disable-cuda-graph"]
+    return [*drop_flags(argv, "--speculative-"), "--disable-cuda-graph"]
 
 
 class Server:
