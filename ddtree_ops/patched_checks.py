@@ -25,6 +25,8 @@ DFLASH_UTILS = "srt/speculative/dflash_utils.py"
 DDTREE_UTILS = "srt/speculative/ddtree_utils.py"
 DDTREE_WORKER_V2 = "srt/speculative/ddtree_worker_v2.py"
 MEMORY_POOL = "srt/mem_cache/memory_pool.py"
+DSA_INDEXER = "srt/layers/attention/dsa/dsa_indexer.py"
+OVERRIDES = "srt/arg_groups/overrides.py"
 REGISTRY = "srt/layers/attention/attention_registry.py"
 TRITON_BACKEND = "srt/layers/attention/triton_backend.py"
 OUR_BACKEND = "DDTreeTritonAttnBackend"
@@ -409,7 +411,35 @@ def ddtree_checks(tree: SglangTree) -> list[CheckResult]:
                                    "copy_all_layer_kv_cache_func" in calls.get("_move_kv_cache_all_layers", [])
                                    and "self._move_kv_cache_all_layers" in calls.get("move_kv_cache", []),
                                    "; ".join(f"{fn}: {', '.join(c)}" for fn, c in calls.items())[:300]))
+        results += dsa_checks(tree)
     return results
+
+
+def _method(module: ast.Module, cls_name: str, name: str) -> ast.FunctionDef | None:
+    cls = next((n for n in module.body if isinstance(n, ast.ClassDef) and n.name == cls_name), None)
+    return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None) if cls else None
+
+
+def dsa_checks(tree: SglangTree) -> list[CheckResult]:
+    """0007: a DSA model at DDTree's page size 1. The indexer stages its queries for a backend that has the hook
+    (before it ranks anything), the DSA pool and its key store take page size 1, and the page-size override keeps
+    1 under DDTREE with the Triton backend."""
+    forward = _method(_module_ast(tree.package / DSA_INDEXER), "Indexer", "forward_cuda")
+    calls = [ast.unparse(n.func) for n in ast.walk(forward) if isinstance(n, ast.Call)] if forward else []
+    staged = "ddtree_stage" in calls and calls.index("ddtree_stage") < calls.index("self._get_topk_paged")
+    pool_init = _method(_module_ast(tree.package / MEMORY_POOL), "DSATokenToKVPool", "__init__")
+    asserts = [ast.unparse(n.test) for n in ast.walk(pool_init) if isinstance(n, ast.Assert)] if pool_init else []
+    overrides = (tree.package / OVERRIDES).read_text()
+    keeps_one = 'overrides["page_size"] = 1' in overrides and '== "DDTREE"' in overrides
+    return [
+        CheckResult("ddtree v2 DSA: the indexer stages its queries for our backend before ranking keys (0007)",
+                    staged, ", ".join(c for c in calls if c in ("ddtree_stage", "self._get_topk_paged",
+                                                                  "self._get_topk_ragged"))),
+        CheckResult("ddtree v2 DSA: the DSA pool takes page size 1 on CUDA (0007)",
+                    "self.page_size in (1, 64)" in asserts, "; ".join(asserts)[:300]),
+        CheckResult("ddtree v2 DSA: the page-size override keeps 1 under DDTREE (0007)", keeps_one,
+                    "found" if keeps_one else f"no DDTREE page-size-1 branch in {OVERRIDES}"),
+    ]
 
 
 def mla_move_calls(module: ast.Module) -> dict[str, list[str]]:

@@ -48,7 +48,7 @@ def test_served_and_declined_calls_are_counted_and_read_back(stats, tmp_path, ca
     assert data["served"] == 1 and data["declined"] == {"attention sinks": 1}
     assert [s["outcome"] for s in data["shapes"]] == ["served", "declined"]
     stats.write()
-    assert read_verify_stats(tmp_path) == {"files": 1, "served": 1, "declined": {"attention sinks": 3}}
+    assert read_verify_stats(tmp_path) == {"files": 1, "served": 1, "served_dsa": 0, "declined": {"attention sinks": 3}}
 
 
 def test_no_folder_no_file(monkeypatch, tmp_path):
@@ -72,3 +72,19 @@ def test_standin_server_writes_the_same_layout(stats, tmp_path, monkeypatch):
     assert {tuple(s) for s in standin["shapes"]} == {tuple(s) for s in real["shapes"]}
     assert read_verify_stats(standin_dir)["declined"] == {"attention sinks": 78}
     assert read_verify_stats(standin_dir)["served"] == 0
+
+
+def test_a_dsa_checkpoint_is_counted_as_the_dsa_verify_counts_it(stats, tmp_path):
+    """The stand-in counts a DSA checkpoint's verifies as served by the DSA tree verify, as the real hook does."""
+    from tests.endpoint.standin_server import _write_verify_stats
+
+    stats.record(None, (8, 576, 512, "bfloat16", "bfloat16", "dsa"))
+    real = json.loads(stats.write().read_text())
+    model = tmp_path / "GLM-5"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["GlmMoeDsaForCausalLM"], "index_topk": 2048}))
+    standin_dir = tmp_path / "standin"
+    _write_verify_stats({STATS_DIR_ENV: str(standin_dir)}, str(model))
+    standin = json.loads(next(standin_dir.glob("verify-*.json")).read_text())
+    assert real["served_dsa"] == 1 and standin["served_dsa"] > 0
+    assert {tuple(s) for s in standin["shapes"]} == {tuple(s) for s in real["shapes"]}

@@ -15,12 +15,15 @@ from .conftest import tree_hashes
 SNAPSHOTS = [s for s in load_sources() if s.snapshot]
 PATCHED = {"python/sglang/srt/speculative/dflash_utils.py", "python/sglang/srt/layers/attention/attention_registry.py"}
 # What each branch gets, found from its sources: ddtree-v2 also takes 0003 (its accept path),
-# 0004 (our backend fed the compact tree visibility), 0005 (no host sync in its verify step) and 0006
-# (the MLA pool's move in one launch).
+# 0004 (our backend fed the compact tree visibility), 0005 (no host sync in its verify step), 0006
+# (the MLA pool's move in one launch) and 0007 (a DSA model at page size 1, its indexer's queries to our backend).
 EXPECTED = {
     "ddtree-v2": ("ddtree-v2", PATCHED | {"python/sglang/srt/speculative/ddtree_worker_v2.py",
                                           "python/sglang/srt/speculative/ddtree_utils.py",
-                                          "python/sglang/srt/mem_cache/memory_pool.py"}),
+                                          "python/sglang/srt/mem_cache/memory_pool.py",
+                                          "python/sglang/srt/arg_groups/overrides.py",
+                                          "python/sglang/srt/layers/attention/dsa/dsa_indexer.py",
+                                          "python/sglang/kernels/ops/attention/dsa/index_buf_accessor.py"}),
     "ddtree": ("ddtree-branches", PATCHED),
 }
 

@@ -2,8 +2,8 @@
 
 Real (from the branch's source, patched by our patch tool): the attention registry's `triton`
 creator (so the patched routing), TritonAttnBackend and its metadata / CUDA-graph methods,
-ReqToTokenPool, MLATokenToKVPool (bf16 and fp8), ForwardBatch and ForwardMode, RadixAttention,
-DDTreeVerifyInput and DDTree's own mask compiler (`compile_ddtree_tree`).
+ReqToTokenPool, MLATokenToKVPool (bf16 and fp8), DSATokenToKVPool at page size 1 (patch 0007),
+ForwardBatch and ForwardMode, RadixAttention, DDTreeVerifyInput and DDTree's own mask compiler (`compile_ddtree_tree`).
 
 Stood in, and why:
 - `ModelRunner`: building the real one loads a model and starts distributed groups. The
@@ -74,6 +74,7 @@ def import_sglang(python_dir: Path) -> types.SimpleNamespace:
         "AttentionType": "sglang.srt.layers.radix_attention",
         "RadixAttention": "sglang.srt.layers.radix_attention",
         "MLATokenToKVPool": "sglang.srt.mem_cache.memory_pool",
+        "DSATokenToKVPool": "sglang.srt.mem_cache.memory_pool",
         "ReqToTokenPool": "sglang.srt.mem_cache.memory_pool",
         "ForwardBatch": "sglang.srt.model_executor.forward_batch_info",
         "ForwardMode": "sglang.srt.model_executor.forward_batch_info",
@@ -109,6 +110,7 @@ class Layout:
     pool_tokens: int = 4096
     context_len: int = 4096
     budget: int = 8
+    dsa_topk: int | None = None  # a DSA model (GLM-5's architecture, this index_topk): SGLang's DSA pool
 
 
 def runner(sg, layout: Layout, device: str) -> types.SimpleNamespace:
@@ -117,9 +119,16 @@ def runner(sg, layout: Layout, device: str) -> types.SimpleNamespace:
 
     req_pool = sg.ReqToTokenPool(size=MAX_BS, max_context_len=layout.context_len + 128, device=device,
                                  enable_memory_saver=False)
-    kv_pool = sg.MLATokenToKVPool(layout.pool_tokens, page_size=1, dtype=layout.kv_dtype, kv_lora_rank=512,
-                                  qk_rope_head_dim=64, layer_num=1, device=device, enable_memory_saver=False)
-    hf_config = PretrainedConfig(architectures=["DeepseekV3ForCausalLM"])
+    if layout.dsa_topk is None:
+        kv_pool = sg.MLATokenToKVPool(layout.pool_tokens, page_size=1, dtype=layout.kv_dtype, kv_lora_rank=512,
+                                      qk_rope_head_dim=64, layer_num=1, device=device, enable_memory_saver=False)
+        hf_config = PretrainedConfig(architectures=["DeepseekV3ForCausalLM"])
+    else:  # at DDTree's page size 1, which patch 0007 lets the DSA pool take on CUDA
+        kv_pool = sg.DSATokenToKVPool(layout.pool_tokens, page_size=1, kv_lora_rank=512, dtype=layout.kv_dtype,
+                                      qk_rope_head_dim=64, layer_num=1, device=device, index_head_dim=128,
+                                      enable_memory_saver=False, kv_cache_dim=576)
+        hf_config = PretrainedConfig(architectures=["GlmMoeDsaForCausalLM"], index_topk=layout.dsa_topk,
+                                     index_n_heads=32, index_head_dim=128, num_hidden_layers=1)
     model_config = types.SimpleNamespace(
         attention_arch=sg.AttentionArch.MLA, num_attention_heads=layout.heads, get_num_kv_heads=lambda tp: 1,
         v_head_dim=512, swa_v_head_dim=None, context_len=layout.context_len, is_encoder_decoder=False,

@@ -13,6 +13,7 @@ import torch
 
 from ddtree_kernels.reference import tree_verify_reference
 from ddtree_kernels.sglang import adapter as sglang_adapter
+from ddtree_kernels.sglang import dsa_verify as sglang_dsa_verify
 from ddtree_kernels.sglang.verify_stats import VerifyStats
 
 from .harness import MAX_BS, PARALLEL, Layout, ddtree_verify_input, import_sglang, make_backend, runner, sglang_source
@@ -34,6 +35,7 @@ def sg(tmp_path_factory):
 def stats(monkeypatch):
     fresh = VerifyStats()
     monkeypatch.setattr(sglang_adapter, "STATS", fresh)
+    monkeypatch.setattr(sglang_dsa_verify, "STATS", fresh)
     return fresh
 
 
@@ -277,3 +279,88 @@ def test_the_mla_pool_moves_every_layer_in_one_launch_as_the_loop_did(sg, kv_dty
             pool._move_kv_cache_all_layers(tgt_t, src_t)
         for layer, (got, want) in enumerate(zip(pool.kv_buffer, expected, strict=True)):
             assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (layer, tgt[:4], src[:4])
+
+
+# A DSA model (GLM-5) at DDTree's page size 1, patch 0007: SGLang's DSA pool keeps one 132-byte index row a token,
+# its indexer stages the step's queries with our backend, and the backend ranks and attends them.
+DSA_TOPK = 64  # fewer than the prefixes' keys, so the selection matters
+
+
+def _dsa_keys(pool, slots: torch.Tensor, gen: torch.Generator) -> None:
+    """Index keys at `slots`, quantised as SGLang's indexer does and stored by the real pool's own store."""
+    from ddtree_kernels.dsa import act_quant
+
+    k_fp8, k_scale = act_quant(torch.randn(slots.numel(), 128, generator=gen))
+    pool.set_index_k_scale_buffer(layer_id=0, loc=slots.to(DEVICE), index_k=k_fp8.to(DEVICE),
+                                  index_k_scale=k_scale[:, None].to(DEVICE))
+
+
+def test_the_dsa_pool_at_page_size_1_keeps_keys_where_our_kernel_reads_them(sg):
+    from ddtree_kernels.dsa import act_quant
+    from ddtree_kernels.dsa.index_keys import read_index_keys
+
+    run = runner(sg, Layout(dsa_topk=DSA_TOPK, pool_tokens=512), DEVICE)
+    pool = run.token_to_kv_pool
+    gen = torch.Generator().manual_seed(3)
+    slots = torch.randperm(500, generator=gen)[:40] + 1
+    keys = torch.randn(40, 128, generator=gen)
+    k_fp8, k_scale = act_quant(keys)
+    pool.set_index_k_scale_buffer(layer_id=0, loc=slots.to(DEVICE), index_k=k_fp8.to(DEVICE),
+                                  index_k_scale=k_scale[:, None].to(DEVICE))
+    got_k, got_s = read_index_keys(pool.get_index_k_with_scale_buffer(0), slots.to(DEVICE))
+    assert torch.equal(got_k.view(torch.uint8).cpu(), k_fp8.view(torch.uint8)) and torch.equal(got_s.cpu(), k_scale)
+    # DDTree's accept path moves a token's index row with its latent row
+    src, dst = slots[:8].to(DEVICE), (torch.arange(8) + 501).to(DEVICE)
+    pool.move_kv_cache(dst, src)
+    moved_k, moved_s = read_index_keys(pool.get_index_k_with_scale_buffer(0), dst)
+    assert torch.equal(moved_k.view(torch.uint8).cpu(), k_fp8[:8].view(torch.uint8))
+    assert torch.equal(moved_s.cpu(), k_scale[:8])
+
+
+@pytest.mark.parametrize(("prefix_lens", "n"), [([700], 9), ([40, 300], 9)], ids=["glm5-n9", "bs2-short-prefix"])
+def test_dsa_verify_is_ranked_and_attended_by_our_kernel_and_matches(sg, stats, prefix_lens, n):
+    from ddtree_kernels.dsa import act_quant, dsa_tree_verify_reference
+
+    layout = Layout(heads=8, budget=8, dsa_topk=DSA_TOPK)
+    run = runner(sg, layout, DEVICE)
+    backend = make_backend(sg, run, "ddtree")
+    assert backend.ddtree_dsa is not None and backend.ddtree_dsa.topk == DSA_TOPK
+    case = Verify(sg, run, layout, prefix_lens, n, seed=sum(prefix_lens))
+    case.spec.visibility = case.visibility.view(len(prefix_lens), n, n).to(DEVICE)
+    case.spec.custom_mask = None  # patch 0004: the compact visibility
+    gen = torch.Generator().manual_seed(5)
+    prefix_slots = torch.cat([run.req_to_token_pool.req_to_token[b, :p].cpu().long()
+                              for b, p in enumerate(prefix_lens)])
+    _dsa_keys(run.token_to_kv_pool, torch.cat([prefix_slots, case.out_cache_loc.cpu()]), gen)
+    T = len(prefix_lens) * n
+    index_q, q_scale = act_quant(torch.randn(T, 32, 128, generator=gen))
+    weights = (torch.randn(T, 32, generator=gen) * 32**-0.5 * q_scale * 128**-0.5)[..., None].float()
+
+    batch = case.batch()
+    backend.init_forward_metadata(batch)
+    # what the patched Indexer.forward_cuda does with the metadata our backend gives it
+    backend.get_indexer_metadata(0, batch).ddtree_stage_index_query(0, index_q.to(DEVICE), weights.to(DEVICE))
+    layer = _layer(sg, layout.heads)
+    out = backend.forward_extend(case.q, case.k, case.v, layer, batch, save_kv_cache=True)
+    assert stats.served_dsa == 1 and stats.declined == {}, (stats.served_dsa, stats.declined)
+
+    pool = run.token_to_kv_pool
+    kv_indptr = torch.tensor([0, *torch.tensor(prefix_lens).cumsum(0).tolist()])
+    qo = torch.arange(0, len(prefix_lens) + 1) * n
+    want, selections = dsa_tree_verify_reference(
+        case.q.cpu(), pool.get_key_buffer(0).cpu(), kv_indptr, prefix_slots, qo, case.out_cache_loc.cpu(),
+        case.visibility, index_q, weights[..., 0], pool.get_index_k_with_scale_buffer(0).cpu(), topk=DSA_TOPK,
+        sm_scale=SCALE)
+    assert max(s.slots.numel() for s in selections) == DSA_TOPK  # some token had more keys than it attends
+    _close(out.view(T, layout.heads, 512).float().cpu(), want, 2e-2)
+
+
+def test_a_dsa_layer_whose_indexer_did_not_stage_is_declined_and_counted(sg, stats):
+    layout = Layout(heads=8, budget=8, dsa_topk=DSA_TOPK)
+    run = runner(sg, layout, DEVICE)
+    case = Verify(sg, run, layout, [200], 9, seed=9)
+    case.spec.visibility = case.visibility.view(1, 9, 9).to(DEVICE)
+    case.spec.custom_mask = None
+    out = _eager(make_backend(sg, run, "ddtree"), case, _layer(sg, layout.heads))
+    assert stats.served_dsa == 0 and "no index query staged for layer 0" in str(stats.declined)
+    _close(out, case.reference(), 2e-2)  # the dense tree verify served it: every key attended

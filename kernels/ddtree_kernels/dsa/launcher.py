@@ -169,22 +169,29 @@ class DSAWorkspace:
     """The caller's buffers for DSA verify calls up to one plan's size: logits rows, top-k state, the selected
     slots and counts, and the attention's partials. Allocate once (before CUDA-graph capture) and reuse."""
 
-    def __init__(self, plan: DSAPlan, device: torch.device | str):
+    def __init__(self, plan: DSAPlan, device: torch.device | str, *, splits: int | None = None):
         tokens = plan.total_tokens
-        self.plan_size = (tokens, plan.logits_width, plan.topk, plan.num_heads, plan.attention_splits, plan.d_v)
+        splits = max(plan.attention_splits, splits or 0)
+        self.plan_size = (tokens, plan.logits_width, plan.topk, plan.num_heads, splits, plan.d_v)
         self.logits = torch.empty((tokens, plan.logits_width), dtype=torch.float32, device=device)
         self.state = torch.zeros((tokens, STATE), dtype=torch.int32, device=device)
         self.sel = torch.empty((tokens, plan.topk), dtype=torch.int32, device=device)
         self.sel_count = torch.empty(tokens, dtype=torch.int32, device=device)
         rows = tokens * plan.num_heads
-        self.o_part = torch.empty((rows, plan.attention_splits, plan.d_v), dtype=torch.float32, device=device)
-        self.lse_part = torch.empty((rows, plan.attention_splits), dtype=torch.float32, device=device)
+        self.o_part = torch.empty((rows, splits, plan.d_v), dtype=torch.float32, device=device)
+        self.lse_part = torch.empty((rows, splits), dtype=torch.float32, device=device)
+
+    @classmethod
+    def for_plans(cls, plans: list[DSAPlan], device: torch.device | str) -> DSAWorkspace:
+        """One workspace that every plan given fits (a backend's, for each batch size it captures): the most
+        tokens and the widest logits row, with as many partials a row as the plan that splits most."""
+        largest = max(plans, key=lambda p: (p.total_tokens, p.logits_width))
+        return cls(largest, device, splits=max(p.attention_splits for p in plans))
 
     def fits(self, plan: DSAPlan) -> bool:
         tokens, width, topk, heads, splits, d_v = self.plan_size
-        return (plan.total_tokens * plan.num_heads <= tokens * heads and plan.total_tokens <= tokens
-                and plan.logits_width <= width and plan.topk == topk and plan.attention_splits == splits
-                and plan.d_v == d_v and plan.num_heads == heads)
+        return (plan.total_tokens <= tokens and plan.logits_width <= width and plan.topk == topk
+                and plan.attention_splits <= splits and plan.d_v == d_v and plan.num_heads == heads)
 
 
 def run_dsa_verify(
@@ -215,7 +222,7 @@ def run_dsa_verify(
                          "splits, d_v): allocate DSAWorkspace(plan, device) for this plan")
     if plan.target.interpreted != interpreting():
         raise ValueError(f"the plan was made for {plan.target}; plan with Target.detect(device) here")
-    if index_q.shape[-1] != INDEX_DIM or index_q.shape[1] != plan.index_heads:
+    if "indexer" in stages and (index_q.shape[-1] != INDEX_DIM or index_q.shape[1] != plan.index_heads):
         raise ValueError(f"index_q must be [T, {plan.index_heads}, {INDEX_DIM}], got {tuple(index_q.shape)}")
     k_buf = kv_view(k_buf)
     if (k_buf.dtype == torch.float8_e4m3fn) != plan.kv_fp8:

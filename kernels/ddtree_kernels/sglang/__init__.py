@@ -6,6 +6,7 @@
 - `mask_policy.py`: the tree-aware verify mask policy; `verify_stats.py`: declined calls logged and counted.
 - `flat_mask.py`, `kv_indices.py`: SGLang's flat verify mask and its KV index list, written on the GPU.
 - `selfcheck.py`: the deploy's kernel self-check, through the hook, against the float64 reference.
+- `dsa_verify.py`: a DSA model's (GLM-5's) TARGET_VERIFY: the indexer's staged queries ranked and attended (0007).
 
 Nothing here imports SGLang at import time; the patched SGLang modules pass in what they have (class names, the
 TritonAttnBackend class), so one package serves every SGLang release the patches support.

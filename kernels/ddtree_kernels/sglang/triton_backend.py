@@ -72,6 +72,7 @@ def ddtree_backend_class(base: type) -> type:
     import torch
 
     from .adapter import sglang_verify_fwd
+    from .dsa_verify import DSAVerify
     from .flat_mask import write_sglang_flat_mask
     from .kv_indices import fill_kv_indptr_and_indices, takes_kv_fill
 
@@ -99,6 +100,10 @@ def ddtree_backend_class(base: type) -> type:
             self._tree_rows = None  # the verify in flight's tree as [T, stride] uint8 rows, or None
             self._graph_tree_rows = None
             self._graph_feeds_visibility = False  # set at capture: replays feed the captured rows
+            # A DSA model at page size 1 (patch 0007): its indexer stages queries, ranked and attended here.
+            self.ddtree_dsa = None if getattr(model_runner, "is_draft_worker", False) else \
+                DSAVerify.for_backend(self, model_runner)
+            self._ddtree_layer = -1  # the layer whose forward_extend is running
 
         def init_cuda_graph_state(self, max_bs, max_num_tokens, *args, **kwargs):
             super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
@@ -113,6 +118,8 @@ def ddtree_backend_class(base: type) -> type:
             width = max(1, self.ddtree_verify_width)
             self._graph_tree_rows = torch.zeros((max_num_tokens, width), dtype=torch.uint8, device=self.device)
             self.ddtree_workspace = reserve_verify_workspace(self, max_bs)
+            if self.ddtree_dsa is not None:
+                self.ddtree_dsa.reserve(max_bs, self.device)
 
         @property
         def ddtree_verify_width(self) -> int:
@@ -151,8 +158,20 @@ def ddtree_backend_class(base: type) -> type:
             view[:live, :, :n].copy_(visibility[:live, :n, :n])
             self._tree_rows = self._graph_tree_rows[: bs * n]
 
+        def get_indexer_metadata(self, layer_id, forward_batch):
+            if getattr(self, "ddtree_dsa", None) is None:
+                return super().get_indexer_metadata(layer_id, forward_batch)
+            return self.ddtree_dsa.indexer_metadata(forward_batch)
+
+        def forward_extend(self, q, k, v, layer, forward_batch, *args, **kwargs):
+            self._ddtree_layer = layer.layer_id
+            return super().forward_extend(q, k, v, layer, forward_batch, *args, **kwargs)
+
         def _ddtree_verify(self, *args, **kwargs):
             tree_rows = self._tree_rows
+            dsa = getattr(self, "ddtree_dsa", None)  # None: not a DSA model (or a stand-in built without __init__)
+            if dsa is not None and self._ddtree_dsa_verify(hook_args.bind(*args, **kwargs).arguments, tree_rows):
+                return True
             if hook(*args, tree_visibility=tree_rows, config=self.ddtree_config, workspace=self.ddtree_workspace,
                     **kwargs):
                 return True
@@ -164,6 +183,14 @@ def ddtree_backend_class(base: type) -> type:
                     tree_rows, call["qo_indptr"], call["kv_indptr"], call["mask_indptr"],
                     self._flat_mask_for(call["mask_indptr"]), int(call["max_len_extend"]))
             return False
+
+        def _ddtree_dsa_verify(self, call: dict, tree_rows) -> bool:
+            """The DSA model's verify: the staged index query ranked and attended (dsa_verify.py)."""
+            q = call["q_extend"]
+            sm_scale = call.get("sm_scale")
+            return self.ddtree_dsa.run(self._ddtree_layer, q, call["o_extend"], call["k_buffer"], call["kv_indptr"],
+                                       call["kv_indices"], call["qo_indptr"], tree_rows, call["max_len_extend"],
+                                       q.shape[-1] ** -0.5 if sm_scale is None else sm_scale)
 
         def _flat_mask_for(self, mask_indptr):
             """The captured graph's mask buffer, or (eager) one sized from mask_indptr's end."""

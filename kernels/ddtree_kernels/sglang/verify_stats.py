@@ -9,7 +9,9 @@ a release whose verify never reached the kernel. Captured CUDA graphs replay wit
 hook, so the counts are of eager calls and captures; that is where a shape is decided.
 
 File layout (read by ddtree_ops.smoke.read_verify_stats):
-  {"pid": int, "served": int, "declined": {reason: int}, "shapes": [{"outcome", "reason", "shape"}], "updated": float}
+  {"pid": int, "served": int, "served_dsa": int, "declined": {reason: int},
+   "shapes": [{"outcome", "reason", "shape"}], "updated": float}
+("served_dsa": of "served", the calls a DSA model's sparse verify served, dsa_verify.py)
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class VerifyStats:
 
     def __init__(self) -> None:
         self.served = 0
+        self.served_dsa = 0
         self.declined: dict[str, int] = {}
         self.shapes: list[dict] = []
         self._seen: set[tuple] = set()
@@ -49,6 +52,7 @@ class VerifyStats:
             self._calls += 1
             if reason is None:
                 self.served += 1
+                self.served_dsa += shape[-1] == "dsa"
             else:
                 self.declined[reason] = self.declined.get(reason, 0) + 1
             new = key not in self._seen
@@ -59,6 +63,9 @@ class VerifyStats:
         if new:
             if reason is None:
                 logger.info("ddtree-sm120: TARGET_VERIFY served by ddtree_kernels for %s", _describe(shape))
+            elif shape[-1] == "dsa":
+                logger.warning("ddtree-sm120: DSA TARGET_VERIFY not sparse, the dense tree verify attends every key, "
+                               "for %s: %s", _describe(shape), reason)
             else:
                 logger.warning("ddtree-sm120: TARGET_VERIFY handed back to SGLang's extend_attention_fwd (slow) "
                                "for %s: %s", _describe(shape), reason)
@@ -67,7 +74,8 @@ class VerifyStats:
 
     def snapshot(self) -> dict:
         with self._lock:
-            return {"pid": os.getpid(), "served": self.served, "declined": dict(self.declined),
+            return {"pid": os.getpid(), "served": self.served, "served_dsa": self.served_dsa,
+                    "declined": dict(self.declined),
                     "shapes": list(self.shapes), "updated": time.time()}
 
     def write(self) -> Path | None:
@@ -90,7 +98,7 @@ class VerifyStats:
 
 def _describe(shape: tuple) -> str:
     heads, d_qk, d_v, q_dtype, kv_dtype, masked = shape
-    mask = "tree/custom mask" if masked else "no mask"
+    mask = "sparse (DSA) tree" if masked == "dsa" else "tree/custom mask" if masked else "no mask"
     return f"{heads} heads, head dims {d_qk}/{d_v}, q {q_dtype}, KV cache {kv_dtype}, {mask}"
 
 
