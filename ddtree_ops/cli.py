@@ -2,7 +2,8 @@
 
     ddtree-ops patch check|apply|revert|status TARGET [--series NAME] [--patches DIR] [--json]
     ddtree-ops release-job [--versions 0.5.14,0.5.23] [--out DIR]
-    ddtree-ops smoke --endpoint URL [--model M] [--min-accept-length X] [--wait S] [--verify-stats DIR] [--json FILE]
+    ddtree-ops smoke --endpoint URL [--model M] [--min-accept-length X] [--wait S] [--verify-stats DIR [--expect-dsa]]
+                     [--json FILE]
     ddtree-ops bundle --sglang-version 0.5.23 [--pip-source wheelhouse|index] [--out DIR] [--json]
     ddtree-ops launch-check [--preload MODULE] [--json] (--launch LAUNCH.json [--with-api-key] | -- SERVER ARGS...)
     ddtree-ops serve LAUNCH.json
@@ -65,7 +66,8 @@ def _smoke(args: argparse.Namespace) -> int:
     from .smoke import print_report, run_smoke
 
     report = run_smoke(Endpoint(args.endpoint, args.api_key, args.timeout), model=args.model,
-                       min_accept_length=args.min_accept_length, wait_s=args.wait, verify_stats=args.verify_stats)
+                       min_accept_length=args.min_accept_length, wait_s=args.wait, verify_stats=args.verify_stats,
+                       expect_dsa=args.expect_dsa)
     print_report(report)
     if args.json:
         Path(args.json).write_text(report.to_json())
@@ -288,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--wait", type=float, default=0.0, help="poll /health_generate this long before failing")
     s.add_argument("--verify-stats", help="folder of ddtree_kernels' verify counts (the server's "
                    "DDTREE_VERIFY_STATS_DIR): fail unless TARGET_VERIFY reached the kernel")
+    s.add_argument("--expect-dsa", action="store_true", help="with --verify-stats: the model is a DSA checkpoint "
+                   "served sparse; fail unless the DSA tree verify served it, none declined")
     s.add_argument("--json", help="also write the report as JSON to this file")
     s.set_defaults(func=_smoke)
 

@@ -71,7 +71,7 @@ def _usage_consistent(usage: dict | None, max_tokens: int, where: str) -> dict:
 
 def read_verify_stats(folder: str | Path) -> dict:
     """The sum of the `verify-<pid>.json` counts ddtree_kernels wrote in `folder` (sglang/verify_stats.py)."""
-    total = {"files": 0, "served": 0, "declined": {}}
+    total = {"files": 0, "served": 0, "served_dsa": 0, "declined": {}}
     for path in sorted(Path(folder).glob("verify-*.json")):
         try:
             data = json.loads(path.read_text())
@@ -79,6 +79,7 @@ def read_verify_stats(folder: str | Path) -> dict:
             continue  # a file being replaced, or not ours
         total["files"] += 1
         total["served"] += int(data.get("served", 0))
+        total["served_dsa"] += int(data.get("served_dsa", 0))
         for reason, count in (data.get("declined") or {}).items():
             total["declined"][reason] = total["declined"].get(reason, 0) + int(count)
     return total
@@ -99,7 +100,7 @@ def wait_healthy(ep: Endpoint, wait_s: float, poll_s: float = 2.0) -> tuple[int 
 
 
 def run_smoke(ep: Endpoint, *, model: str | None = None, min_accept_length: float | None = None,
-              wait_s: float = 0.0, verify_stats: str | Path | None = None) -> SmokeReport:
+              wait_s: float = 0.0, verify_stats: str | Path | None = None, expect_dsa: bool = False) -> SmokeReport:
     report = SmokeReport(ep.url, model)
     state: dict = {}
 
@@ -186,6 +187,11 @@ def run_smoke(ep: Endpoint, *, model: str | None = None, min_accept_length: floa
         declined = "; ".join(f"{reason} ({n}x)" for reason, n in sorted(stats["declined"].items()))
         _expect(stats["served"] > 0, f"TARGET_VERIFY never reached ddtree_kernels: every call fell back to SGLang's "
                                      f"extend_attention_fwd ({declined or 'no call recorded'})")
+        if expect_dsa:  # a DSA checkpoint served sparse: every verify ranked and attended by the DSA path
+            dsa_declined = {r: n for r, n in stats["declined"].items() if r.startswith("DSA")}
+            _expect(stats["served_dsa"] > 0 and not dsa_declined,
+                    f"the DSA model's TARGET_VERIFY was not served sparse: {stats['served_dsa']} served by the DSA "
+                    f"tree verify, declined: {declined or 'none'} (is the ddtree-v2 series' patch 0007 applied?)")
 
     check("health_generate answers 200", health)
     if report.checks[-1].ok:
@@ -197,7 +203,7 @@ def run_smoke(ep: Endpoint, *, model: str | None = None, min_accept_length: floa
         if min_accept_length is not None:
             check(f"speculative acceptance length >= {min_accept_length}", acceptance)
         if verify_stats is not None:
-            check("TARGET_VERIFY served by ddtree_kernels", verify_served)
+            check("TARGET_VERIFY served by ddtree_kernels" + (" (sparse DSA)" if expect_dsa else ""), verify_served)
     return report
 
 

@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -476,6 +477,55 @@ def test_a_failing_kernel_self_check_refuses_or_falls_back_to_sglang(hosts: Host
     assert restore.rc == 0, restore.output[-3000:]
     manifest = json.loads(hosts.sh(H1, f"cat {ROOT}/current/manifest.json"))
     assert manifest["verify_kernel"] == "ddtree"
+
+
+def _glm5_checkpoint() -> Path:
+    """GLM-5's config.json (tests/server_gpu/models.py) in a folder the hosts' server user can read."""
+    from tests.server_gpu.models import target_config
+
+    folder = Path(tempfile.mkdtemp(prefix="glm5-", dir="/tmp")) / "GLM-5"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(target_config()))
+    for path in (folder.parent, folder):
+        path.chmod(0o755)
+    return folder
+
+
+def _launched_model(hosts: Hosts, host: str) -> str:
+    argv = json.loads(hosts.sh(host, f"cat {ROOT}/current/launch.json"))["argv"]
+    return argv[argv.index("--model-path") + 1]
+
+
+def test_a_dsa_checkpoint_is_served_sparse_or_through_the_dense_view(hosts: Hosts):
+    """ddtree_dsa_attention on GLM-5's config: `dsa` passes the launch check of the release's own patched SGLang
+    (patch 0007 found in its source) only with a bf16 cache, runs the DSA self-check and a smoke test that needs
+    every verify served sparse; `dense-view` launches from the dense-MLA view."""
+    model = _glm5_checkpoint()
+    before = hosts.state(H1)
+    base = {**hosts.source(NEW), "ddtree_model_path": str(model), "ddtree_budget": 14, "ddtree_selfcheck": True}
+    try:
+        refused = hosts.play("deploy.yml", limit=H1, extra={**base, "ddtree_kv_cache_dtype": "auto"})
+        text = " ".join(refused.output.split())
+        assert refused.rc != 0 and "--kv-cache-dtype auto (needs bfloat16" in text, text[-3000:]
+        assert "ddtree_dsa_attention: dense-view" in text and hosts.state(H1)["pids"] == before["pids"]
+
+        sparse = hosts.play("deploy.yml", limit=H1, extra={**base, "ddtree_kv_cache_dtype": "bfloat16"})
+        assert sparse.rc == 0, sparse.output[-4000:]
+        _deployed(hosts, H1, NEW)
+        assert _launched_model(hosts, H1) == str(model)
+        smoke = hosts.sh(H1, f"cat {ROOT}/current/.verified")
+        assert "PASS  TARGET_VERIFY served by ddtree_kernels (sparse DSA)" in smoke, smoke
+
+        dense = hosts.play("deploy.yml", limit=H1, extra={**base, "ddtree_kv_cache_dtype": "bfloat16",
+                                                            "ddtree_dsa_attention": "dense-view"})
+        assert dense.rc == 0, dense.output[-4000:]
+        _deployed(hosts, H1, NEW)
+        assert _launched_model(hosts, H1) == f"{ROOT}/shared/models/GLM-5-dense-mla"
+        assert "(sparse DSA)" not in hosts.sh(H1, f"cat {ROOT}/current/.verified")
+    finally:
+        restore = hosts.play("deploy.yml", "-e", "ddtree_budget=14", limit=H1, extra=hosts.source(NEW))
+        shutil.rmtree(model.parent, ignore_errors=True)
+    assert restore.rc == 0, restore.output[-3000:]
 
 
 def test_an_edited_venv_is_refused_until_rebuilt(hosts: Hosts, test_inventory):

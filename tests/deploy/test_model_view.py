@@ -9,7 +9,9 @@ still loads as DSA (GlmMoeDsaConfig's default is 2048): the first test keeps tha
 from __future__ import annotations
 
 import json
+import subprocess
 import tarfile
+from pathlib import Path
 
 import pytest
 from transformers import AutoConfig
@@ -18,19 +20,39 @@ from ddtree_ops.cli import main as cli
 from ddtree_ops.ddtree_sources import load_sources
 from ddtree_ops.launch_check import dsa_problem, is_deepseek_dsa
 from ddtree_ops.model_view import ModelViewError, make_view
+from ddtree_ops.series import load_series
 from tests.server_gpu.models import target_config
+
+# What the launch check reads of SGLang: its DSA test, and the files patch 0007 changes.
+DSA_FILES = ["__init__.py", "srt/configs/model_config.py", "srt/arg_groups/overrides.py",
+             "srt/mem_cache/memory_pool.py", "srt/layers/attention/dsa/dsa_indexer.py",
+             "kernels/ops/attention/dsa/index_buf_accessor.py"]
+
+
+def _branch_files(dest: Path) -> Path:
+    """Those files of the pinned DDTree branch (its snapshot) under dest/sglang/."""
+    source = next(s for s in load_sources() if s.name == "ddtree-v2")
+    with tarfile.open(source.snapshot_path()) as tf:
+        for name in DSA_FILES:
+            member = next(m for m in tf.getmembers() if m.name.endswith(f"python/sglang/{name}"))
+            (dest / "sglang" / name).parent.mkdir(parents=True, exist_ok=True)
+            (dest / "sglang" / name).write_bytes(tf.extractfile(member).read())
+    return dest / "sglang"
 
 
 @pytest.fixture(scope="module")
 def sglang_dir(tmp_path_factory):
-    """sglang/srt/configs/model_config.py of the pinned DDTree branch (its snapshot)."""
-    source = next(s for s in load_sources() if s.name == "ddtree-v2")
-    dest = tmp_path_factory.mktemp("sglang") / "sglang"
-    with tarfile.open(source.snapshot_path()) as tf:
-        member = next(m for m in tf.getmembers() if m.name.endswith("python/sglang/srt/configs/model_config.py"))
-        (dest / "srt" / "configs").mkdir(parents=True)
-        (dest / "srt" / "configs" / "model_config.py").write_bytes(tf.extractfile(member).read())
-    return dest
+    return _branch_files(tmp_path_factory.mktemp("sglang"))
+
+
+@pytest.fixture(scope="module")
+def patched_sglang_dir(tmp_path_factory):
+    """The same files with patch 0007 applied (what a DDTree release's venv holds)."""
+    package = _branch_files(tmp_path_factory.mktemp("patched"))
+    series = next(s for s in load_series() if s.name == "ddtree-v2")
+    patch = next(p for p in series.patches if p.name.startswith("0007"))
+    subprocess.run(["git", "apply", str(patch.path)], cwd=package.parent, check=True)
+    return package
 
 
 @pytest.fixture
@@ -80,3 +102,21 @@ def test_a_dense_checkpoint_is_mirrored_and_a_missing_one_named(tmp_path, capsys
         make_view(tmp_path / "nowhere", tmp_path / "view2")
     assert cli(["model-view", str(tmp_path / "nowhere"), str(tmp_path / "view3")]) == 1
     assert "ddtree_model_path must be a checkpoint folder" in capsys.readouterr().err
+
+
+def _launch(kv_cache_dtype: str = "bfloat16", page_size: int = 1):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(page_size=page_size, attention_backend="triton", kv_cache_dtype=kv_cache_dtype)
+
+
+def test_a_dsa_checkpoint_passes_only_on_the_patched_sglang_with_a_bf16_cache(glm5, sglang_dir, patched_sglang_dir):
+    """ddtree_dsa_attention: dsa. Patch 0007 found in the installed source (its patched-source checks) and the
+    launch's page size, backend and cache as the DSA tree verify serves them: no problem; otherwise the
+    refusal names what is missing and the dense view as the other way."""
+    assert dsa_problem(str(glm5), "test", patched_sglang_dir, args=_launch()) == ""
+    unpatched = dsa_problem(str(glm5), "test", sglang_dir, args=_launch())
+    assert "patch 0007" in unpatched and "indexer stages its queries" in unpatched
+    assert "ddtree_dsa_attention: dense-view" in unpatched
+    fp8 = dsa_problem(str(glm5), "test", patched_sglang_dir, args=_launch("fp8_e4m3", page_size=64))
+    assert "--kv-cache-dtype fp8_e4m3 (needs bfloat16" in fp8 and "--page-size 64 (needs 1)" in fp8

@@ -299,17 +299,22 @@ def _installed_sglang() -> tuple[str, dict]:
     return version, record
 
 
-def _write_verify_stats(env) -> None:
+def _write_verify_stats(env, model_path: str = "") -> None:
     """Stand in for ddtree_kernels' verify counts (ddtree_kernels/sglang/verify_stats.py, same layout;
     tests/kernels/test_verify_stats.py holds the two together): what the real server's processes
-    write once TARGET_VERIFY ran. STANDIN_VERIFY=declined:REASON makes every call a fallback."""
+    write once TARGET_VERIFY ran. STANDIN_VERIFY=declined:REASON makes every call a fallback. A checkpoint
+    whose config.json sets index_topk (a DSA model, which the launch check let through only with patch 0007)
+    is counted as the DSA tree verify counts it."""
     folder = env.get("DDTREE_VERIFY_STATS_DIR")
     if not folder or env.get("DDTREE_VERIFY_KERNEL", "ddtree") != "ddtree":
         return
     mode = env.get("STANDIN_VERIFY", "served")
     reason = mode.split(":", 1)[1] if mode.startswith("declined:") else None
-    shape = [8, 576, 512, "bfloat16", "bfloat16", True]
-    data = {"pid": os.getpid(), "served": 0 if reason else 78, "declined": {reason: 78} if reason else {},
+    config = Path(model_path or ".") / "config.json"
+    dsa = config.is_file() and "index_topk" in json.loads(config.read_text())
+    shape = [8, 576, 512, "bfloat16", "bfloat16", "dsa" if dsa else True]
+    data = {"pid": os.getpid(), "served": 0 if reason else 78, "served_dsa": 78 if dsa and not reason else 0,
+            "declined": {reason: 78} if reason else {},
             "shapes": [{"outcome": "declined" if reason else "served", "reason": reason, "shape": shape}],
             "updated": time.time()}
     Path(folder).mkdir(parents=True, exist_ok=True)
@@ -337,7 +342,7 @@ def main(argv: list[str] | None = None) -> None:
         extra_info={"server_args": rest, "ddtree_patches": record,
                     "verify_kernel": env.get("DDTREE_VERIFY_KERNEL", "")},
     )
-    _write_verify_stats(env)
+    _write_verify_stats(env, args.model_path)
     stop = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # before the server threads start, so they inherit it
     server = StandInServer(behaviour, port=args.port, host=args.host)

@@ -111,3 +111,20 @@ def test_verify_served_passes(standin, tmp_path):
     _stats(tmp_path, 78, {"attention sinks": 2})  # some fallbacks, but the kernel serves the verify
     report = run_smoke(Endpoint(standin(), timeout=10), verify_stats=tmp_path)
     assert report.ok and report.checks[-1].name == "TARGET_VERIFY served by ddtree_kernels"
+
+
+@pytest.mark.parametrize(
+    "served_dsa, declined, ok",
+    [(78, {}, True), (0, {}, False), (70, {"DSA: no index query staged for layer 3 (SGLang's indexer did not run)": 8},
+                                      False)],
+    ids=["sparse", "dense-only", "some-layers-dense"],
+)
+def test_a_dsa_checkpoint_needs_every_verify_served_sparse(standin, tmp_path, served_dsa, declined, ok):
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "verify-7.json").write_text(json.dumps({"pid": 7, "served": 78, "served_dsa": served_dsa,
+                                                        "declined": declined, "shapes": [], "updated": 0.0}))
+    report = run_smoke(Endpoint(standin(), timeout=10), verify_stats=tmp_path, expect_dsa=True)
+    name = "TARGET_VERIFY served by ddtree_kernels (sparse DSA)"
+    assert report.ok is ok and report.checks[-1].name == name
+    if not ok:
+        assert "not served sparse" in failed(report)[name] and "patch 0007" in failed(report)[name]

@@ -152,28 +152,37 @@ def chain_args(argv: list[str]) -> list[str]:
     return replace_args(drop_flags(argv, "--speculative-ddtree-"), {"--speculative-algorithm": "DFLASH"})
 
 
-def run_name(kernel: str, algorithm: str) -> str:
-    return kernel if algorithm == "DDTREE" else f"{kernel}-{algorithm.lower()}"
+def run_name(kernel: str, algorithm: str, attention: str = "dense-view") -> str:
+    name = kernel if algorithm == "DDTREE" else f"{kernel}-{algorithm.lower()}"
+    return f"{name}-dsa" if attention == "dsa" else name
 
 
-def plain_args(argv: list[str]) -> list[str]:
+def plain_args(argv: list[str], attention: str = "dense-view") -> list[str]:
     """The launch without speculative decoding (and without CUDA graphs: it only prefills), which SGLang lets
-    return log-probabilities (DDTree refuses return_logprob)."""
-    return [*drop_flags(argv, "--speculative-"), "--disable-cuda-graph"]
+    return log-probabilities (DDTree refuses return_logprob). For a DSA checkpoint: SGLang's own DSA serving
+    (its dsa backend and page size, chosen by SGLang; DeepGEMM and FlashMLA must be installed)."""
+    plain = drop_flags(argv, "--speculative-")
+    if attention == "dsa":
+        plain = drop_flags(drop_flags(plain, "--attention-backend"), "--page-size")
+    return [*plain, "--disable-cuda-graph"]
 
 
 class Server:
     def __init__(self, kernel: str, models: dict[str, Path], run_dir: Path, port: int = 30000,
-                 speculative: bool = True, algorithm: str = "DDTREE", extra: list[str] = ()):
+                 speculative: bool = True, algorithm: str = "DDTREE", extra: list[str] = (),
+                 attention: str = "dense-view"):
         module, argv, env = production_launch()
-        self.argv = replace_args(argv, {"--model-path": str(models["view"]),
+        # dense-view: the dense-MLA view the production inventory serves; dsa: the DSA checkpoint itself
+        # (ddtree_dsa_attention: dsa, patch 0007)
+        model = models["target"] if attention == "dsa" else models["view"]
+        self.argv = replace_args(argv, {"--model-path": str(model),
                                         "--speculative-draft-model-path": str(models["drafter"]),
                                         "--tp": "1", "--port": str(port)})
         if algorithm == "DFLASH":
             self.argv = chain_args(self.argv)
         self.argv += list(extra)
         if not speculative:
-            self.argv = plain_args(self.argv)
+            self.argv = plain_args(self.argv, attention)
         self.url = f"http://127.0.0.1:{port}"
         self.stats = run_dir / "verify-stats"
         self.stats.mkdir(parents=True, exist_ok=True)
@@ -302,11 +311,13 @@ def profile(url: str, context: int, out_dir: Path, steps: int) -> dict:
     return {"context": context, "steps": steps, "trace": traces[-1], "seconds": time.monotonic() - t0}
 
 
-def first_differences(out: Path) -> dict[str, int]:
+def first_differences(out: Path, attention: str = "dense-view") -> dict[str, int]:
     """Per context, the first index where the two servers' greedy tokens differ (tokens.json of each run):
     our kernel's DDTREE run against SGLang's, or against our DFLASH chain where SGLang's did not run."""
-    other = "sglang" if (out / "sglang" / "tokens.json").exists() else "ddtree-dflash"
-    paths = [out / run for run in ("ddtree", other)]
+    ours, sglang, chain = (run_name(k, a, attention) for k, a in
+                           (("ddtree", "DDTREE"), ("sglang", "DDTREE"), ("ddtree", "DFLASH")))
+    other = sglang if (out / sglang / "tokens.json").exists() else chain
+    paths = [out / run for run in (ours, other)]
     paths = [p / "tokens.json" for p in paths]
     if not all(p.exists() for p in paths):
         return {}
@@ -315,21 +326,21 @@ def first_differences(out: Path) -> dict[str, int]:
     return {ctx: first for ctx, first in diffs.items() if first is not None}
 
 
-def tie_check(models: dict[str, Path], out: Path, deadline: float) -> dict:
+def tie_check(models: dict[str, Path], out: Path, deadline: float, attention: str = "dense-view") -> dict:
     """Where the two servers' greedy tokens part, the target's top-2 log-probabilities there from a third
     computation: the same model served without speculative decoding (SGLang's prefill attention, no verify),
     teacher-forced on our tokens. report.py applies the near-tie rule to what is recorded here."""
-    diffs = first_differences(out)
+    diffs = first_differences(out, attention)
     result: dict = {"first_differences": diffs, "positions": {}}
     if not diffs:
         return result
     run_dir = out / "plain"
     run_dir.mkdir(parents=True, exist_ok=True)
-    server = Server("ddtree", models, run_dir, speculative=False)
+    server = Server("ddtree", models, run_dir, speculative=False, attention=attention)
     result["argv"] = server.argv
     try:
         result["start_s"] = server.start(min(300, deadline - time.monotonic()))
-        ours = json.loads((out / "ddtree" / "tokens.json").read_text())
+        ours = json.loads((out / run_name("ddtree", "DDTREE", attention) / "tokens.json").read_text())
         for ctx, first in sorted(diffs.items(), key=lambda kv: int(kv[0])):
             prompt = bench_prompt(int(ctx))
             body = {"input_ids": prompt + ours[ctx][: first + 1], "return_logprob": True,
@@ -348,10 +359,11 @@ def tie_check(models: dict[str, Path], out: Path, deadline: float) -> dict:
 
 def run_kernel(kernel: str, models: dict[str, Path], out: Path, deadline: float, args,
                algorithm: str = "DDTREE") -> dict:
-    run_dir = out / run_name(kernel, algorithm)
+    run_dir = out / run_name(kernel, algorithm, args.attention)
     run_dir.mkdir(parents=True, exist_ok=True)
-    result: dict = {"kernel": kernel, "algorithm": algorithm, "failed": [], "stages": {}}
-    server = Server(kernel, models, run_dir, algorithm=algorithm, extra=args.server_args)
+    result: dict = {"kernel": kernel, "algorithm": algorithm, "attention": args.attention, "failed": [],
+                    "stages": {}}
+    server = Server(kernel, models, run_dir, algorithm=algorithm, extra=args.server_args, attention=args.attention)
     result["argv"] = server.argv
     result["env"] = server.env
 
@@ -384,7 +396,7 @@ def run_kernel(kernel: str, models: dict[str, Path], out: Path, deadline: float,
                 (run_dir / "answers.json").write_text(json.dumps(answers, indent=1))
         smoke_cmd = [OPS, "smoke", "--endpoint", server.url, "--json", run_dir / "smoke.json"]
         if kernel == "ddtree":
-            smoke_cmd += ["--verify-stats", server.stats]
+            smoke_cmd += ["--verify-stats", server.stats] + (["--expect-dsa"] if args.attention == "dsa" else [])
         smoke = stage("smoke", lambda: subprocess.run([str(c) for c in smoke_cmd], capture_output=True, text=True))
         if smoke is not None:
             (run_dir / "smoke.txt").write_text(smoke.stdout + smoke.stderr)
@@ -467,6 +479,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--record-answers", default="ddtree", help="the kernel whose server's answers are recorded")
     ap.add_argument("--stand-in", choices=sorted(STAND_INS), default=DEFAULT_STAND_IN,
                     help="the target stand-in (tests/server_gpu/models.py): glm5-weight is GLM-5's per-GPU work a step")
+    ap.add_argument("--attention", choices=["dense-view", "dsa"], default="dense-view",
+                    help="how the DSA stand-in is served: dense-view (production today) or dsa (its sparse attention, "
+                         "patch 0007; runs named <kernel>-dsa)")
     ap.add_argument("--no-tie-check", dest="tie_check", action="store_false",
                     help="skip the near-tie check where the two servers' greedy tokens part (a third server start)")
     args = ap.parse_args(argv)
@@ -477,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(algorithms) - {"DDTREE", "DFLASH"}:
         ap.error(f"--algorithm: {', '.join(sorted(unknown))} is not DDTREE or DFLASH")
     runs = [(k, a) for a in algorithms for k in kernels]
-    names = [run_name(k, a) for k, a in runs]
+    names = [run_name(k, a, args.attention) for k, a in runs]
     summary = {"kernels": {}}
     try:
         summary["setup"] = setup()
@@ -491,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.pack:  # after each run: a call cut short still returns what ran
                 pack(args.out, args.pack, names)
         if args.tie_check and time.monotonic() < deadline - 120:
-            summary["ties"] = tie_check(models, args.out, deadline)
+            summary["ties"] = tie_check(models, args.out, deadline, args.attention)
     except Exception as exc:
         summary["error"] = f"{type(exc).__name__}: {exc}"
         log(f"FAILED: {exc}\n{traceback.format_exc()[-3000:]}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.server_gpu.e2e import plain_args
+from tests.server_gpu.e2e import plain_args, run_name
 from tests.server_gpu.report import TIE_NATS, near_ties
 
 PROMPT = 6
@@ -70,3 +70,12 @@ def test_plain_launch_drops_every_speculative_flag():
             "--page-size", "1", "--speculative-draft-model-path=/d", "--attention-backend", "triton"]
     assert plain_args(argv) == ["--model-path", "/m", "--page-size", "1", "--attention-backend", "triton",
                                 "--disable-cuda-graph"]
+
+
+def test_the_dsa_reference_is_sglangs_own_dsa_serving():
+    """--attention dsa: the reference drops DDTree's page size and the Triton backend, so SGLang picks its own DSA
+    path; the runs are named apart from the dense view's."""
+    argv = ["--model-path", "/m", "--speculative-algorithm", "DDTREE", "--page-size", "1",
+            "--attention-backend", "triton", "--kv-cache-dtype", "bfloat16"]
+    assert plain_args(argv, "dsa") == ["--model-path", "/m", "--kv-cache-dtype", "bfloat16", "--disable-cuda-graph"]
+    assert run_name("ddtree", "DDTREE", "dsa") == "ddtree-dsa" and run_name("ddtree", "DFLASH") == "ddtree-dflash"
