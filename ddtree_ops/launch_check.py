@@ -86,10 +86,12 @@ def check_launch_args(argv: list[str], preload: str | None = None) -> LaunchChec
                                algorithm)
     attention = ""
     if algorithm and algorithm.upper() == "DDTREE":
-        problem = dsa_problem(getattr(args, "model_path", ""), version, args=args)
-        if problem:
-            return LaunchCheck(False, version, problem, algorithm)
-        if is_dsa_checkpoint(getattr(args, "model_path", "")):
+        model_path = getattr(args, "model_path", "")
+        config = _dsa_config(model_path)
+        if config is not None:
+            problem = _sparse_dsa_problem(config, model_path, version, None, args)
+            if problem:
+                return LaunchCheck(False, version, problem, algorithm)
             attention = "dsa"
     return LaunchCheck(True, version, algorithm=algorithm or "", attention=attention)
 
@@ -122,10 +124,6 @@ def _dsa_config(model_path: str, sglang_dir: Path | None = None):
     return config if is_deepseek_dsa(sglang_dir)(config) else None
 
 
-def is_dsa_checkpoint(model_path: str, sglang_dir: Path | None = None) -> bool:
-    return _dsa_config(model_path, sglang_dir) is not None
-
-
 def sparse_dsa_gap(sglang_dir: Path | None = None) -> str:
     """What the installed SGLang lacks to serve a DSA model under DDTree (patch 0007's checks), "" if nothing."""
     from .patched_checks import dsa_checks
@@ -137,7 +135,7 @@ def sparse_dsa_gap(sglang_dir: Path | None = None) -> str:
         sglang_dir = Path(sglang.__file__).parent
     try:
         failed = [c.name for c in dsa_checks(locate(sglang_dir)) if not c.ok]
-    except (OSError, StopIteration, ValueError) as exc:  # files missing or moved: not the patched branch
+    except (OSError, ValueError) as exc:  # files missing or moved: not the patched branch
         return f"its DSA files are not the patched ddtree-v2 ones ({type(exc).__name__}: {exc})"
     return "; ".join(failed)
 
@@ -149,8 +147,11 @@ def dsa_problem(model_path: str, version: str, sglang_dir: Path | None = None, a
     where SGLang carries patch 0007 and the launch has --page-size 1, --attention-backend triton and a bf16
     cache; otherwise the refusal names what is missing and the dense-MLA view as the other way."""
     config = _dsa_config(model_path, sglang_dir)
-    if config is None:
-        return ""
+    return "" if config is None else _sparse_dsa_problem(config, model_path, version, sglang_dir, args)
+
+
+def _sparse_dsa_problem(config, model_path: str, version: str, sglang_dir: Path | None, args) -> str:
+    """dsa_problem for a config already known to be DSA."""
     arch = (getattr(config, "architectures", None) or ["?"])[0]
     what = f"{arch} at {model_path} has index_topk={getattr(config, 'index_topk', None)}, a DSA model"
     dense = ("Or serve it as dense MLA: point the model path at its dense-MLA view (ddtree_dsa_attention: "
