@@ -43,7 +43,11 @@ STEP_FUNCTION = re.compile(r"(ddtree|dflash)_worker_v2\.py\(\d+\): forward_batch
 DRAFT_RUNNER = re.compile(r"model_runner\.py\(\d+\): forward$")  # DFlash's chain calls its drafter's runner directly
 TARGET_FUNCTION = "forward_batch_generation"  # the target worker's, inside the DDTree step
 ATTENTION = re.compile(r"tree_block|prefix_\w*kernel|merge_parts|_fwd_kernel|_fwd_grouped_kernel|extend_attention|"
-                       r"decode_att|attention", re.IGNORECASE)
+                       r"decode_att|attention|sparse_mla", re.IGNORECASE)
+# A DSA target's key selection: our index logits and top-k (ddtree_kernels.dsa), and SGLang's index-key
+# quantization and store; the indexer's projections are GEMMs and stay in "rest of the model".
+INDEXER = re.compile(r"dsa_index_logits|dsa_topk|act_quant|store_indexer_cache|set_k_and_s|indexer_k|hadamard",
+                     re.IGNORECASE)
 GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 
 
@@ -101,6 +105,8 @@ def classify(stack: list[str], kernel: str, graph: bool) -> str:
     if TARGET_FUNCTION in functions[step_depth + 1:]:
         if not graph:
             return "verify inputs (graph buffers, mask copy)"
+        if INDEXER.search(kernel):
+            return "target verify indexer and top-k"
         return "target verify attention" if ATTENTION.search(kernel) else "target verify (rest of the model)"
     if any(DRAFT_RUNNER.search(n) for n in stack[step_depth + 1:]):
         return "drafter attention" if ATTENTION.search(kernel) else "drafter (rest of the model)"
@@ -195,7 +201,7 @@ def breakdown(path: str | Path) -> dict:
         part = "unattributed" if launch is None else \
             classify(stacks.get((launch[0], launch[1]), []), e.get("name", ""), launch[2])
         intervals[part].append(span)
-        if "attention" in part:
+        if "attention" in part or "indexer" in part:
             kernels[part][e.get("name", "?")[:80]].append(span)
     step_calls = _steps(events)
     steps = len(step_calls)

@@ -17,6 +17,8 @@ On a CUDA machine, from what `make gpu-carry` packed into `.gpu/` on a machine w
    `ddtree-ops bench` at 8k-185k, and SGLang's torch profiler over a few decode steps at 8k and 185k;
 5. where the two servers' greedy tokens part, the tie check (`tie_check`): the same model served without
    speculative decoding gives its top-2 log-probabilities there (report.py applies the near-tie rule).
+   `--attention dsa` serves the DSA checkpoint itself (patch 0007); with `--reference` SGLang's own DSA serving
+   (no speculation, its DSA backend) gives the greedy tokens that run is held to (`sglang-dsa`).
 Everything lands in DIR/<run>/ (<kernel> for DDTREE, <kernel>-dflash for DFLASH);
 `python -m tests.server_gpu.report` turns the runs into `server-e2e-h200.json` and its plot. A stage that
 fails is recorded and the run goes on where it can; the exit status is non-zero if anything failed.
@@ -336,7 +338,8 @@ def tie_check(models: dict[str, Path], out: Path, deadline: float, attention: st
         return result
     run_dir = out / "plain"
     run_dir.mkdir(parents=True, exist_ok=True)
-    server = Server("ddtree", models, run_dir, speculative=False, attention=attention)
+    server = Server("ddtree", models, run_dir, speculative=False, attention=attention,
+                    extra=REFERENCE_ARGS if attention == "dsa" else ())
     result["argv"] = server.argv
     try:
         result["start_s"] = server.start(min(300, deadline - time.monotonic()))
@@ -354,6 +357,37 @@ def tie_check(models: dict[str, Path], out: Path, deadline: float, attention: st
     finally:
         server.stop()
         (run_dir / "ties.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+# SGLang's FlashMLA decode for its DSA reference: the default on Hopper (fa3) is in the 1.1 GB flash_ops that
+# carry.py cuts from sglang-kernel.
+REFERENCE_ARGS = ["--dsa-decode-backend", "flashmla_sparse"]
+
+
+def reference_tokens(models: dict[str, Path], out: Path, deadline: float, args) -> dict:
+    """The DSA checkpoint served SGLang's own way without speculative decoding (its DSA backend at page size 64:
+    DeepGEMM's indexer, FlashMLA's sparse attention), greedy: the tokens our DSA run is held to (`sglang-dsa`)."""
+    run_dir = out / "sglang-dsa"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    server = Server("sglang", models, run_dir, speculative=False, attention="dsa", extra=REFERENCE_ARGS)
+    result: dict = {"kernel": "sglang", "algorithm": "none", "attention": "dsa", "argv": server.argv, "failed": []}
+    tokens: dict[str, list[int]] = {}
+    try:
+        result["start_s"] = server.start(min(args.start_timeout, deadline - time.monotonic()))
+        for ctx in args.same_token_contexts:
+            if time.monotonic() > deadline - 30:
+                result["failed"].append(f"tokens {ctx}: skipped, out of time")
+                continue
+            tokens[str(ctx)] = greedy_tokens(server.url, ctx, args.same_tokens)
+            log(f"reference tokens {ctx}: {tokens[str(ctx)][:8]}...")
+    except Exception as exc:
+        result["failed"].append(f"{type(exc).__name__}: {exc}"[:4000])
+        log(f"reference FAILED: {exc}")
+    finally:
+        server.stop()
+        (run_dir / "tokens.json").write_text(json.dumps(tokens))
+        (run_dir / "result.json").write_text(json.dumps(result, indent=1, default=str))
     return result
 
 
@@ -482,6 +516,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attention", choices=["dense-view", "dsa"], default="dense-view",
                     help="how the DSA stand-in is served: dense-view (production today) or dsa (its sparse attention, "
                          "patch 0007; runs named <kernel>-dsa)")
+    ap.add_argument("--reference", action="store_true",
+                    help="with --attention dsa: also serve the checkpoint SGLang's own DSA way without speculative "
+                         "decoding (run sglang-dsa) for the same-token check")
     ap.add_argument("--no-tie-check", dest="tie_check", action="store_false",
                     help="skip the near-tie check where the two servers' greedy tokens part (a third server start)")
     args = ap.parse_args(argv)
@@ -504,6 +541,11 @@ def main(argv: list[str] | None = None) -> int:
         for (kernel, algorithm), name in zip(runs, names, strict=True):
             summary["kernels"][name] = run_kernel(kernel, models, args.out, deadline, args, algorithm)
             if args.pack:  # after each run: a call cut short still returns what ran
+                pack(args.out, args.pack, names)
+        if args.reference and args.attention == "dsa":
+            summary["kernels"]["sglang-dsa"] = reference_tokens(models, args.out, deadline, args)
+            names.append("sglang-dsa")
+            if args.pack:
                 pack(args.out, args.pack, names)
         if args.tie_check and time.monotonic() < deadline - 120:
             summary["ties"] = tie_check(models, args.out, deadline, args.attention)

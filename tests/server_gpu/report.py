@@ -4,7 +4,9 @@
 
 RUN_DIR holds what `e2e.py --pack` returned: `runs.tar.gz` (unpacked here) and `trace-<run>-<context>.json.gz`;
 several RUN_DIRs (one run's device calls) are joined, a later one's run of the same name replacing an earlier's.
-A run is `<kernel>` (DDTREE) or `<kernel>-dflash` (the same drafter as a DFlash chain).
+A run is `<kernel>` (DDTREE) or `<kernel>-dflash` (the same drafter as a DFlash chain), `-dsa` appended where
+the DSA checkpoint itself was served (e2e.py --attention dsa); `--dense RUN_DIR` adds a dense-view run of the same
+machine beside a DSA report (`dense_view_rows`).
 Every figure comes from the run: decode tok/s and TPOT from `ddtree-ops bench` (step = TPOT x acceptance
 length: one verify step per accepted run of tokens), the breakdown from the profiler traces (breakdown.py;
 what the GPU did not account for is the step less the GPU's busy time), same tokens from the greedy
@@ -65,8 +67,17 @@ def stand_in(*run_dirs: Path) -> dict:
     return next(iter(seen.values()), {"name": "small", "layers": 8})
 
 
+def attention_of(name: str, result: dict) -> str:
+    return result.get("attention") or ("dsa" if name.endswith("-dsa") else "dense-view")
+
+
+def ours_run(run: dict) -> str:
+    """Our kernel's DDTREE run: the DSA checkpoint's where it was served, else the dense view's."""
+    return "ddtree-dsa" if "ddtree-dsa" in run else "ddtree"
+
+
 def algorithm_of(name: str, result: dict) -> str:
-    return result.get("algorithm") or ("DFLASH" if name.endswith("-dflash") else "DDTREE")
+    return result.get("algorithm") or ("DFLASH" if "-dflash" in name else "DDTREE")
 
 
 def kernel_of(name: str, result: dict) -> str:
@@ -80,7 +91,10 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def reference_run(run: dict) -> str:
-    """What our DDTREE server's tokens are held to: SGLang's verify if it ran, else our DFLASH chain."""
+    """What our DDTREE server's tokens are held to: SGLang's verify if it ran, else our DFLASH chain; for the
+    DSA checkpoint, SGLang's own DSA serving without speculation (`sglang-dsa`)."""
+    if ours_run(run) == "ddtree-dsa":
+        return "sglang-dsa"
     return "sglang" if "sglang" in run else "ddtree-dflash"
 
 
@@ -93,7 +107,8 @@ def compare_tokens(ours: dict, theirs: dict) -> dict:
 
 def same_tokens(run: dict) -> dict:
     """Per context: equal, or the first index where our DDTREE server's and the reference's greedy tokens differ."""
-    return compare_tokens(run.get("ddtree", {}).get("tokens", {}), run.get(reference_run(run), {}).get("tokens", {}))
+    return compare_tokens(run.get(ours_run(run), {}).get("tokens", {}),
+                          run.get(reference_run(run), {}).get("tokens", {}))
 
 
 # Where the two servers part, the near-tie rule: a logit is a bf16 number (SGLang's lm_head writes bf16), and
@@ -117,7 +132,7 @@ def near_ties(run_dir: Path, tokens: dict, detail: dict, reference: str = "sglan
         if rec is None:
             out[ctx] = {"near_tie": False, "why": "no tie check recorded"}
             continue
-        ours, theirs = tokens["ddtree"][ctx], tokens[reference][ctx]
+        ours, theirs = tokens[ours_run(tokens)][ctx], tokens[reference][ctx]
         start, prompt_len = rec["logprob_start_len"], rec["prompt_len"]
         ids = [e[1] for e in rec["input_token_logprobs"]]
         aligned = ids[prompt_len - start: prompt_len - start + first + 1] == ours[: first + 1]
@@ -143,7 +158,8 @@ def rows(run: dict) -> list[dict]:
             accept = point.get("accept_length") or 1.0
             step = tpot * accept if tpot else None
             row = {"context": point["context"], "algorithm": algorithm_of(name, data["result"]),
-                   "kernel": kernel_of(name, data["result"]), "decode_tok_s": point.get("decode_tok_s"),
+                   "kernel": kernel_of(name, data["result"]), "attention": attention_of(name, data["result"]),
+                   "decode_tok_s": point.get("decode_tok_s"),
                    "step_ms": step, "tpot_ms": tpot, "accept_length": point.get("accept_length"),
                    "gpu_busy_ms": None, "breakdown_ms": {}}
             prof = profiles.get(point["context"])
@@ -164,12 +180,15 @@ def _verify_stats(run: dict) -> list[dict]:
 
 def same_as_before(run: dict, before: dict) -> dict:
     """Per context: our DDTREE server's greedy tokens now against a run before a change (the same launch)."""
-    return compare_tokens(run.get("ddtree", {}).get("tokens", {}), before.get("ddtree", {}).get("tokens", {}))
+    return compare_tokens(run.get(ours_run(run), {}).get("tokens", {}),
+                          before.get(ours_run(before), {}).get("tokens", {}))
 
 
-def report(*run_dirs: Path, commit: str, note: str | None = None, before: tuple[Path, ...] = ()) -> dict:
+def report(*run_dirs: Path, commit: str, note: str | None = None, before: tuple[Path, ...] = (),
+           dense: tuple[Path, ...] = ()) -> dict:
     run = load_run(*run_dirs)
-    ours = run["ddtree"]["result"]
+    ours = run[ours_run(run)]["result"]
+    attention = attention_of(ours_run(run), ours)
     stats = _verify_stats(run)
     reference = reference_run(run)
     detail = same_tokens(run)
@@ -182,15 +201,19 @@ def report(*run_dirs: Path, commit: str, note: str | None = None, before: tuple[
         "gpu": "NVIDIA H200 (sm_90; our kernel's native Hopper path), torch 2.11.0+cu130, Triton 3.6.0",
         "stand_in": si["name"],
         "layers": si["layers"],
+        "attention": attention,
+        **({"reference": reference} if attention == "dsa" else {}),
         "server_args": ours["argv"],
         "server_args_by_run": {k: v["result"].get("argv") for k, v in run.items()},
         "verify_served": sum(int(s.get("served", 0)) for s in stats),
         "verify_declined": sum(sum((s.get("declined") or {}).values()) for s in stats),
         "verify_shapes": [shape for s in stats for shape in s.get("shapes", [])],
-        # Equal tokens, or where they part a near tie by the rule above (near_ties): see same_tokens_rule.
+        "verify_served_dsa": sum(int(s.get("served_dsa", 0)) for s in stats),
+        # Equal tokens, or where they part a near tie by the rule above (near_ties): see same_tokens_rule;
+        # None where the reference did not run.
         "same_tokens_reference": reference,
-        "same_tokens": bool(detail) and all(d["first_difference"] is None or ties.get(ctx, {}).get("near_tie")
-                                            for ctx, d in detail.items()),
+        "same_tokens": None if reference not in run else bool(detail) and all(
+            d["first_difference"] is None or ties.get(ctx, {}).get("near_tie") for ctx, d in detail.items()),
         "same_tokens_rule": (f"greedy tokens equal; where they part, the target served without speculative "
                              f"decoding ranks the two choices top-2, at most {TIE_NATS} nat apart, and agrees "
                              f"with every token before"),
@@ -199,6 +222,7 @@ def report(*run_dirs: Path, commit: str, note: str | None = None, before: tuple[
         "start_s": {k: v["result"].get("start_s") for k, v in run.items()},
         **({"same_tokens_as_before": same_as_before(run, load_run(*before))} if before else {}),
         "rows": rows(run),
+        **({"dense_view_rows": rows(load_run(*dense))} if dense else {}),
     }
 
 
@@ -218,8 +242,13 @@ def plot(data: dict, path: Path) -> None:
         pts = [r for r in data["rows"] if (r["algorithm"], r["kernel"]) == (algorithm, kernel) and r["decode_tok_s"]]
         if pts:
             a.plot([r["context"] for r in pts], [r["decode_tok_s"] for r in pts], style, label=label)
+    dense = [r for r in data.get("dense_view_rows", []) if r["kernel"] == "ddtree_kernels" and r["decode_tok_s"]]
+    if dense:  # a DSA report's dense-view run of the same machine
+        a.plot([r["context"] for r in dense], [r["decode_tok_s"] for r in dense], "x--", label="our kernel, DDTree, "
+               "dense-MLA view")
     a.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="decode tok/s (1 request)",
-          title=f"{data.get('layers', 8)}-layer stand-in on an H200: decode speed")
+          title=f"{data.get('layers', 8)}-layer stand-in on an H200: decode speed"
+          + (" (DSA)" if data.get("attention") == "dsa" else ""))
     a.grid(True, alpha=0.3)
     a.legend()
     # Our kernel's steps only: SGLang's (18-360 ms) would flatten them; their totals go in the labels.
@@ -269,8 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--note", default=None, help="provenance, where the RUN_DIRs are more than one call")
     ap.add_argument("--before", type=Path, nargs="+", default=(), metavar="RUN_DIR",
                     help="a run before a change (its RUN_DIRs): same_tokens_as_before compares our DDTREE tokens")
+    ap.add_argument("--dense", type=Path, nargs="+", default=(), metavar="RUN_DIR",
+                    help="a dense-view run of the same machine, reported beside a DSA run (dense_view_rows)")
     args = ap.parse_args(argv)
-    data = report(*args.run_dirs, commit=args.commit, note=args.note, before=tuple(args.before))
+    data = report(*args.run_dirs, commit=args.commit, note=args.note, before=tuple(args.before),
+                  dense=tuple(args.dense))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(data, indent=1) + "\n")
     plot(data, args.out / f"{args.name}.png")

@@ -83,6 +83,27 @@ def test_a_copy_to_the_device_is_not_a_wait(tmp_path):
     assert breakdown(path)["host_syncs"]["per_step"] == 0
 
 
+def _rename_kernel(path: Path, old: str, new: str) -> Path:
+    with gzip.open(path, "rt") as f:
+        data = json.load(f)
+    for e in data["traceEvents"]:
+        if e["name"] == old:
+            e["name"] = new
+    with gzip.open(path, "wt") as f:
+        json.dump(data, f)
+    return path
+
+
+def test_a_dsa_targets_key_selection_is_its_own_part(tmp_path):
+    """Our DSA top-k inside the target's graph is the indexer's share; the sparse attention is attention."""
+    path = _rename_kernel(_trace(tmp_path, "ddtree", steps=2), "tree_block_attention", "dsa_topk_kernel")
+    parts = breakdown(path)["parts_ms"]
+    assert parts["target verify indexer and top-k"] == pytest.approx(0.100)
+    assert "target verify attention" not in parts
+    _rename_kernel(path, "dsa_topk_kernel", "dsa_sparse_mla_kernel")
+    assert breakdown(path)["parts_ms"]["target verify attention"] == pytest.approx(0.100)
+
+
 ARGV = ["--model-path", "m", "--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", "8",
         "--page-size", "1", "--speculative-draft-model-path", "d", "--speculative-ddtree-cuda-graph-buckets", "4", "9"]
 
@@ -177,3 +198,24 @@ def test_calls_that_served_different_stand_ins_are_refused(tmp_path):
     b = _run_dir(tmp_path / "b", run, {"name": "glm5-weight", "layers": 78}, {})
     with pytest.raises(ValueError, match="different stand-ins"):
         report(a, b, commit="abc")
+
+
+def test_a_dsa_run_is_reported_beside_the_dense_view(tmp_path):
+    from tests.server_gpu.report import markdown, report
+
+    small = {"name": "small", "layers": 8}
+    dsa = _run_dir(tmp_path / "dsa", {"ddtree-dsa": {
+        "result": {"kernel": "ddtree", "algorithm": "DDTREE", "attention": "dsa", "argv": ["--page-size", "1"],
+                   "verify_stats": [{"served": 9, "served_dsa": 8, "declined": {}}]},
+        "tokens": {"8192": [1, 2]}, "points": [_point(8192, 0.6)]}}, small, {})
+    dense = _run_dir(tmp_path / "dense", {"ddtree": {
+        "result": {"kernel": "ddtree", "algorithm": "DDTREE", "argv": []},
+        "tokens": {"8192": [1, 3]}, "points": [_point(8192, 0.5)]}}, small, {})
+    data = report(dsa, commit="abc", dense=(dense,))
+    assert (data["attention"], data["reference"]) == ("dsa", "sglang-dsa")
+    assert data["same_tokens"] is None  # SGLang's own DSA serving did not run: nothing to hold the tokens to
+    assert (data["verify_served"], data["verify_served_dsa"]) == (9, 8)
+    assert [r["attention"] for r in data["rows"]] == ["dsa"]
+    assert [(r["attention"], r["step_ms"]) for r in data["dense_view_rows"]] == [("dense-view", 0.5)]
+    assert "0.60" in markdown(data)
+    assert report(dense, commit="abc")["attention"] == "dense-view" and "reference" not in report(dense, commit="abc")
