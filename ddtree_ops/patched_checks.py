@@ -27,6 +27,7 @@ DDTREE_WORKER_V2 = "srt/speculative/ddtree_worker_v2.py"
 MEMORY_POOL = "srt/mem_cache/memory_pool.py"
 DSA_INDEXER = "srt/layers/attention/dsa/dsa_indexer.py"
 OVERRIDES = "srt/arg_groups/overrides.py"
+DEEPSEEK_DISPATCH = "srt/models/deepseek_common/attention_backend_handler.py"
 REGISTRY = "srt/layers/attention/attention_registry.py"
 TRITON_BACKEND = "srt/layers/attention/triton_backend.py"
 OUR_BACKEND = "DDTreeTritonAttnBackend"
@@ -420,10 +421,15 @@ def _method(module: ast.Module, cls_name: str, name: str) -> ast.FunctionDef | N
     return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None) if cls else None
 
 
+def _function(module: ast.Module, name: str) -> ast.FunctionDef | None:
+    return next((n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
 def dsa_checks(tree: SglangTree) -> list[CheckResult]:
     """0007: a DSA model at DDTree's page size 1. The indexer stages its queries for a backend that has the hook
-    (before it ranks anything), the DSA pool and its key store take page size 1, and the page-size override keeps
-    1 under DDTREE with the Triton backend."""
+    (before it ranks anything), the DSA pool and its key store take page size 1, the page-size override keeps
+    1 under DDTREE with the Triton backend, and the Triton dispatch keeps fresh prompts on the MLA path for a
+    backend that serves the sparse prefill."""
     forward = _method(_module_ast(tree.package / DSA_INDEXER), "Indexer", "forward_cuda")
     calls = [ast.unparse(n.func) for n in ast.walk(forward) if isinstance(n, ast.Call)] if forward else []
     staged = "ddtree_stage" in calls and calls.index("ddtree_stage") < calls.index("self._get_topk_paged")
@@ -431,6 +437,8 @@ def dsa_checks(tree: SglangTree) -> list[CheckResult]:
     asserts = [ast.unparse(n.test) for n in ast.walk(pool_init) if isinstance(n, ast.Assert)] if pool_init else []
     overrides = (tree.package / OVERRIDES).read_text()
     keeps_one = 'overrides["page_size"] = 1' in overrides and '== "DDTREE"' in overrides
+    triton = _function(_module_ast(tree.package / DEEPSEEK_DISPATCH), "handle_attention_triton")
+    asks = triton is not None and "ddtree_dsa_prefill" in ast.unparse(triton)
     return [
         CheckResult("ddtree v2 DSA: the indexer stages its queries for our backend before ranking keys (0007)",
                     staged, ", ".join(c for c in calls if c in ("ddtree_stage", "self._get_topk_paged",
@@ -439,6 +447,9 @@ def dsa_checks(tree: SglangTree) -> list[CheckResult]:
                     "self.page_size in (1, 64)" in asserts, "; ".join(asserts)[:300]),
         CheckResult("ddtree v2 DSA: the page-size override keeps 1 under DDTREE (0007)", keeps_one,
                     "found" if keeps_one else f"no DDTREE page-size-1 branch in {OVERRIDES}"),
+        CheckResult("ddtree v2 DSA: a fresh prompt takes the MLA path where our backend serves the sparse prefill "
+                    "(0007)", asks, "found" if asks else f"handle_attention_triton in {DEEPSEEK_DISPATCH} does "
+                    "not ask ddtree_dsa_prefill"),
     ]
 
 

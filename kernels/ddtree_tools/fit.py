@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ddtree_kernels.dsa.launcher import DSA_KERNELS, plan_dsa_verify
+from ddtree_kernels.dsa.prefill import CHUNK as PREFILL_CHUNK
 from ddtree_kernels.gluon_shared import unavailable_reason
 from ddtree_kernels.launcher import plan_verify
 from ddtree_kernels.plan_types import Launch, RuleTable
@@ -200,14 +201,15 @@ def cuobjdump(cubin: bytes) -> tuple[int, int, int, str]:
 
 def _dsa_jobs(cap: tuple[int, int]) -> list[tuple]:
     """The DSA verify's kernels (ddtree_kernels.dsa, DSA_KERNELS) as its plans launch them on `cap`: GLM-5's tree
-    and decode, a bf16 and an fp8 cache, each top-k pass. sm_120's DSA tiles serve every GPU, so all must fit."""
+    and decode, a bf16 and an fp8 cache, each top-k pass, and the prefill's chunk (its top-k walks a longer chain;
+    the other kernels' constexprs do not depend on it). sm_120's DSA tiles serve every GPU, so all must fit."""
     target = _targets(cap)[-1]
     jobs = []
-    for draft, fp8 in ((9, False), (9, True), (1, False)):
+    for draft, fp8 in ((9, False), (9, True), (1, False), (PREFILL_CHUNK, False)):
         plan = plan_dsa_verify(1, 8, draft, draft, 185_000, target, kv_fp8=fp8)
         kv = "fp8e4nv" if fp8 else "bf16"
         for kernel, (_, types) in DSA_KERNELS.items():
-            if fp8 and kernel != "attention":
+            if (fp8 and kernel != "attention") or (draft == PREFILL_CHUNK and kernel != "topk"):
                 continue
             const = plan.constexprs(kernel, interpreted=False)
             warps, stages = const.pop("num_warps"), const.pop("num_stages")

@@ -176,6 +176,7 @@ def test_dsa_kernels_fit_sm120_and_the_indexer_multiplies_in_e4m3(fit_report):
     dsa = [r for r in fit_report if r["kernel"].startswith("dsa:")]
     kernels = {r["kernel"] for r in dsa}
     assert kernels == {"dsa:indexer", "dsa:topk", "dsa:attention"}, kernels
+    assert any(",n=64," in r["variant"] for r in dsa if r["kernel"] == "dsa:topk")  # the prefill's chunk
     for r in dsa:
         assert not r["error"] and r["fits"], r
         if r["target"] == "sm_120":

@@ -23,7 +23,8 @@ EXPECTED = {
                                           "python/sglang/srt/mem_cache/memory_pool.py",
                                           "python/sglang/srt/arg_groups/overrides.py",
                                           "python/sglang/srt/layers/attention/dsa/dsa_indexer.py",
-                                          "python/sglang/kernels/ops/attention/dsa/index_buf_accessor.py"}),
+                                          "python/sglang/kernels/ops/attention/dsa/index_buf_accessor.py",
+                                          "python/sglang/srt/models/deepseek_common/attention_backend_handler.py"}),
     "ddtree": ("ddtree-branches", PATCHED),
 }
 

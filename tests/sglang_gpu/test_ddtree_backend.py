@@ -364,3 +364,54 @@ def test_a_dsa_layer_whose_indexer_did_not_stage_is_declined_and_counted(sg, sta
     out = _eager(make_backend(sg, run, "ddtree"), case, _layer(sg, layout.heads))
     assert stats.served_dsa == 0 and "no index query staged for layer 0" in str(stats.declined)
     _close(out, case.reference(), 2e-2)  # the dense tree verify served it: every key attended
+
+
+@pytest.mark.parametrize(("prefix_lens", "extend_lens"), [([0], [150]), ([60, 0], [40, 90])],
+                         ids=["fresh-prompt", "bs2-cached-prefix"])
+def test_a_dsa_prefill_longer_than_the_top_k_is_ranked_and_attended_sparse(sg, prefix_lens, extend_lens):
+    """An EXTEND whose indexer staged its queries (the prompt has more keys than the top k): each prompt token
+    attends the top k of its causal prefix (the float64 DSA reference with a chain for a tree), not every key."""
+    from ddtree_kernels import masks
+    from ddtree_kernels.dsa import act_quant, dsa_tree_verify_reference
+
+    layout = Layout(heads=8, budget=8, dsa_topk=DSA_TOPK)
+    run = runner(sg, layout, DEVICE)
+    backend = make_backend(sg, run, "ddtree")
+    assert backend.ddtree_dsa_prefill  # patch 0007's dispatch keeps the prompt on the MLA path for it
+    gen = torch.Generator().manual_seed(11)
+    bs, P, T = len(prefix_lens), sum(prefix_lens), sum(extend_lens)
+    slots = torch.randperm(layout.pool_tokens - 1, generator=gen)[: P + T] + 1
+    prefix_slots, new_slots = slots[:P], slots[P:]
+    rows = torch.randn(P, 1, 576, generator=gen)
+    pool = run.token_to_kv_pool
+    pool.set_kv_buffer(_layer(sg, layout.heads), prefix_slots.to(DEVICE), rows.to(DEVICE), rows[..., :512].to(DEVICE))
+    p0 = e0 = 0
+    for b, (p, e) in enumerate(zip(prefix_lens, extend_lens, strict=True)):
+        run.req_to_token_pool.req_to_token[b, :p + e] = torch.cat(
+            [prefix_slots[p0:p0 + p], new_slots[e0:e0 + e]]).to(DEVICE, torch.int32)
+        p0, e0 = p0 + p, e0 + e
+    _dsa_keys(pool, slots, gen)
+    q = torch.randn(T, layout.heads, 576, generator=gen).to(DEVICE, torch.bfloat16)
+    k = torch.randn(T, 1, 576, generator=gen).to(DEVICE, torch.bfloat16)
+    index_q, q_scale = act_quant(torch.randn(T, 32, 128, generator=gen))
+    weights = (torch.randn(T, 32, generator=gen) * 32**-0.5 * q_scale * 128**-0.5)[..., None].float()
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+    batch = sg.ForwardBatch(
+        forward_mode=sg.ForwardMode.EXTEND, batch_size=bs, input_ids=torch.zeros(T, dtype=torch.int64, device=DEVICE),
+        req_pool_indices=torch.arange(bs, device=DEVICE), seq_lens=torch.tensor(seq_lens, device=DEVICE),
+        out_cache_loc=new_slots.to(DEVICE), seq_lens_sum=sum(seq_lens), seq_lens_cpu=torch.tensor(seq_lens),
+        extend_prefix_lens=torch.tensor(prefix_lens, dtype=torch.int32, device=DEVICE),
+        extend_seq_lens=torch.tensor(extend_lens, dtype=torch.int32, device=DEVICE),
+        extend_prefix_lens_cpu=prefix_lens, extend_seq_lens_cpu=extend_lens)
+    backend.init_forward_metadata(batch)
+    backend.get_indexer_metadata(0, batch).ddtree_stage_index_query(0, index_q.to(DEVICE), weights.to(DEVICE))
+    out = backend.forward_extend(q, k, k[..., :512], _layer(sg, layout.heads), batch, save_kv_cache=True)
+
+    kv_indptr = torch.tensor([0, *torch.tensor(prefix_lens).cumsum(0).tolist()])
+    qo = torch.tensor([0, *torch.tensor(extend_lens).cumsum(0).tolist()], dtype=torch.int32)
+    want, selections = dsa_tree_verify_reference(
+        q.cpu(), pool.get_key_buffer(0).cpu(), kv_indptr, prefix_slots, qo, new_slots,
+        masks.chain_visibility(qo, max(extend_lens)), index_q, weights[..., 0],
+        pool.get_index_k_with_scale_buffer(0).cpu(), topk=DSA_TOPK, sm_scale=SCALE)
+    assert max(s.slots.numel() for s in selections) == DSA_TOPK  # later prompt tokens attend fewer keys than they see
+    _close(out.view(T, layout.heads, 512).float().cpu(), want, 2e-2)

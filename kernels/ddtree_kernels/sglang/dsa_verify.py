@@ -9,10 +9,12 @@ buffer and the tree's compact visibility with `run_dsa_verify`, which selects ea
 its prefix and ancestors and attends only those. Staging is Python state set while a step runs (or is captured);
 a replayed CUDA graph launches the same kernels on the same buffers, so it needs none.
 
-Prefill is SGLang's: a prompt's keys are stored, and its attention is the Triton path over all keys, which is the
-model's own where a prompt has at most `index_topk` tokens (all of them are in the top k). Longer prompts are
-prefilled dense (stated in patches/README.md). A call this path cannot serve is declined, logged once a shape and
-counted (verify_stats.py) and runs the dense tree verify.
+Prefill is sparse too: where SGLang's indexer ranks (a request longer than `index_topk`), it stages the prompt's
+queries the same way, the model's extends take the absorbed (MLA) path (patch 0007 asks `ddtree_dsa_prefill`), and
+`DSAVerify.prefill` attends each prompt token's top-k causal keys in chunks (`ddtree_kernels.dsa.prefill`). Where
+every key is in the top k the indexer stages nothing and SGLang's dense Triton extend is the model's own attention.
+A verify this path cannot serve is declined, logged once a shape and counted (verify_stats.py) and runs the dense
+tree verify; an extend it cannot serve runs SGLang's dense extend, logged once.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 
 from ..dsa import DSAPlan, DSAWorkspace, plan_dsa_verify, run_dsa_verify
 from ..dsa.index_keys import INDEX_ROW_BYTES
+from ..dsa.prefill import DSAPrefill
 from ..launcher import kv_view
 from ..target import Target
 from .verify_stats import STATS
@@ -52,8 +55,6 @@ class IndexerMetadata:
 
     def ddtree_stage_index_query(self, layer_id: int, q_fp8: torch.Tensor, weights: torch.Tensor) -> None:
         batch = self._forward_batch
-        if not batch.forward_mode.is_target_verify():
-            return  # prefill: the keys are stored; its attention is dense (see the module docstring)
         self._verify.staged = StagedQuery(int(layer_id), q_fp8, weights.reshape(q_fp8.shape[0], -1).float(),
                                           batch.out_cache_loc)
 
@@ -89,6 +90,8 @@ class DSAVerify:
         self.staged: StagedQuery | None = None
         self.workspace: DSAWorkspace | None = None
         self._plans: dict[tuple[int, int, int], DSAPlan] = {}
+        self._prefill: DSAPrefill | None = None
+        self._prefill_declined: set[str] = set()
 
     @classmethod
     def for_backend(cls, backend, model_runner) -> DSAVerify | None:
@@ -174,4 +177,40 @@ class DSAVerify:
         else:  # a layer that reuses the previous layer's selection (still in the workspace)
             run_dsa_verify(plan, workspace, q, k_buffer, kv_indptr, kv_indices, qo_indptr, None, tree_rows,
                            None, None, index_buf, out, sm_scale=sm_scale, stages=("attention",))
+        return True
+
+    def prefill(self, layer_id: int, q, o, k_buffer, kv_indices, forward_batch, sm_scale: float) -> bool:
+        """Serve one layer's extend (prefill) into `o` from the staged prompt queries: each request's keys are its
+        cached prefix (kv_indices) then its new tokens (out_cache_loc). False (nothing written; SGLang's dense extend
+        runs) where nothing is staged for the layer: every key is in the top k, or a layer reusing a selection."""
+        staged, self.staged = self.staged, None
+        if staged is None or staged.layer_id != layer_id:
+            return False  # the indexer ranked nothing: every key of every request is in the top k
+        reason = None
+        if k_buffer.shape[-1] != LATENT_DIM or q.dim() != 3 or q.shape[-1] != LATENT_DIM:
+            reason = f"q {tuple(q.shape)} over {k_buffer.shape[-1]}-wide rows (served: absorbed MLA, 576)"
+        elif kv_view(k_buffer).dtype not in (torch.bfloat16, torch.float16):
+            reason = f"a {k_buffer.dtype} cache (served: 16-bit)"
+        elif forward_batch.extend_prefix_lens_cpu is None or forward_batch.extend_seq_lens_cpu is None:
+            reason = "no host copy of the extend lengths"
+        if reason is not None:
+            if reason not in self._prefill_declined:
+                self._prefill_declined.add(reason)
+                logger.warning("ddtree-sm120: DSA prefill declined, SGLang's dense extend runs: %s", reason)
+            return False
+        if self._prefill is None:
+            self._prefill = DSAPrefill(num_heads=self.heads, max_context=self.max_context, target=self.target,
+                                       topk=self.topk, index_heads=self.index_heads)
+        index_buf = self.pool.get_index_k_with_scale_buffer(layer_id=layer_id).view(-1, INDEX_ROW_BYTES)
+        out = o.view(q.shape[0], q.shape[1], -1)
+        prefix_start, start = 0, 0
+        for prefix_len, extend_len in zip(forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu,
+                                          strict=True):
+            prefix_len, extend_len = int(prefix_len), int(extend_len)
+            end = start + extend_len
+            slots = torch.cat([kv_indices[prefix_start:prefix_start + prefix_len], staged.tree_slots[start:end]])
+            self._prefill.run(q[start:end], k_buffer, slots.to(torch.int64), prefix_len, staged.index_q[start:end],
+                              staged.index_weights[start:end], index_buf, out[start:end], sm_scale=sm_scale)
+            prefix_start += prefix_len
+            start = end
         return True

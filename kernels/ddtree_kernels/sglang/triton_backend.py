@@ -104,6 +104,16 @@ def ddtree_backend_class(base: type) -> type:
             self.ddtree_dsa = None if getattr(model_runner, "is_draft_worker", False) else \
                 DSAVerify.for_backend(self, model_runner)
             self._ddtree_layer = -1  # the layer whose forward_extend is running
+            self._ddtree_batch = None  # and its batch (a DSA prefill reads its host lengths)
+            if self.ddtree_dsa is not None:  # SGLang's extend kernel, wrapped: a DSA prefill is ours
+                self._sglang_extend_fwd = self.extend_attention_fwd
+                self.extend_attention_fwd = self._ddtree_extend
+
+        @property
+        def ddtree_dsa_prefill(self) -> bool:
+            """Read by patch 0007's attention dispatch: a DSA target's extends take the absorbed (MLA) path, whose
+            latent rows our sparse prefill attends."""
+            return getattr(self, "ddtree_dsa", None) is not None
 
         def init_cuda_graph_state(self, max_bs, max_num_tokens, *args, **kwargs):
             super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
@@ -165,7 +175,20 @@ def ddtree_backend_class(base: type) -> type:
 
         def forward_extend(self, q, k, v, layer, forward_batch, *args, **kwargs):
             self._ddtree_layer = layer.layer_id
+            self._ddtree_batch = forward_batch
             return super().forward_extend(q, k, v, layer, forward_batch, *args, **kwargs)
+
+        def _ddtree_extend(self, q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, *args, **kwargs):
+            """SGLang's extend kernel, but a DSA target's prefill goes to the sparse path (dsa_verify.py)."""
+            batch = self._ddtree_batch
+            if batch is not None and not batch.forward_mode.is_target_verify():
+                sm_scale = args[6] if len(args) > 6 else kwargs.get("sm_scale")  # extend_attention_fwd's order
+                if sm_scale is None:
+                    sm_scale = q.shape[-1] ** -0.5
+                if self.ddtree_dsa.prefill(self._ddtree_layer, q, o, k_buffer, kv_indices, batch, sm_scale):
+                    return None
+            return self._sglang_extend_fwd(q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, *args,
+                                           **kwargs)
 
         def _ddtree_verify(self, *args, **kwargs):
             tree_rows = self._tree_rows
