@@ -26,7 +26,8 @@ from tests.server_gpu.models import target_config
 # What the launch check reads of SGLang: its DSA test, and the files patch 0007 changes.
 DSA_FILES = ["__init__.py", "srt/configs/model_config.py", "srt/arg_groups/overrides.py",
              "srt/mem_cache/memory_pool.py", "srt/layers/attention/dsa/dsa_indexer.py",
-             "kernels/ops/attention/dsa/index_buf_accessor.py"]
+             "kernels/ops/attention/dsa/index_buf_accessor.py",
+             "srt/models/deepseek_common/attention_backend_handler.py"]
 
 
 def _branch_files(dest: Path) -> Path:

@@ -80,11 +80,12 @@ def test_a_staged_query_is_ranked_and_attended(stats):
     assert verify.staged is None  # one layer's query serves that layer only
 
 
-def test_prefill_stages_nothing_and_an_unstaged_layer_is_declined(stats):
+def test_a_prefill_stages_its_queries_and_an_unstaged_layer_is_declined(stats):
     case = make_dsa_case([100], [9], HEADS, DEVICE, topk=TOPK)
     verify = _verify(case)
-    _stage(verify, case, layer_id=0, mode="extend")  # prefill: keys stored by SGLang, attention dense
-    assert verify.staged is None
+    _stage(verify, case, layer_id=0, mode="extend")  # a prompt longer than the top k: the sparse prefill's queries
+    assert verify.staged is not None and verify.staged.layer_id == 0
+    verify.staged = None
     assert _serve(verify, case, layer_id=0) is None
     _stage(verify, case, layer_id=0)
     assert _serve(verify, case, layer_id=1) is None  # another layer's query is not this layer's
