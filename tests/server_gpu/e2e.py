@@ -172,8 +172,9 @@ def plain_args(argv: list[str], attention: str = "dense-view") -> list[str]:
 class Server:
     def __init__(self, kernel: str, models: dict[str, Path], run_dir: Path, port: int = 30000,
                  speculative: bool = True, algorithm: str = "DDTREE", extra: list[str] = (),
-                 attention: str = "dense-view"):
+                 attention: str = "dense-view", extra_env: dict[str, str] | None = None):
         module, argv, env = production_launch()
+        env |= extra_env or {}
         # dense-view: the dense-MLA view the production inventory serves; dsa: the DSA checkpoint itself
         # (ddtree_dsa_attention: dsa, patch 0007)
         model = models["target"] if attention == "dsa" else models["view"]
@@ -339,7 +340,8 @@ def tie_check(models: dict[str, Path], out: Path, deadline: float, attention: st
     run_dir = out / "plain"
     run_dir.mkdir(parents=True, exist_ok=True)
     server = Server("ddtree", models, run_dir, speculative=False, attention=attention,
-                    extra=REFERENCE_ARGS if attention == "dsa" else ())
+                    extra=REFERENCE_ARGS if attention == "dsa" else (),
+                    extra_env=REFERENCE_ENV if attention == "dsa" else None)
     result["argv"] = server.argv
     try:
         result["start_s"] = server.start(min(300, deadline - time.monotonic()))
@@ -363,6 +365,9 @@ def tie_check(models: dict[str, Path], out: Path, deadline: float, attention: st
 # SGLang's FlashMLA decode for its DSA reference: the default on Hopper (fa3) is in the 1.1 GB flash_ops that
 # carry.py cuts from sglang-kernel.
 REFERENCE_ARGS = ["--dsa-decode-backend", "flashmla_sparse"]
+# and its FlashMLA sparse prefill for every prompt: below this many keys SGLang's DSA prefill otherwise runs dense
+# MHA through the same cut FA3 (every key is in the top k there, so the two attend the same keys).
+REFERENCE_ENV = {"SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": "0"}
 
 
 def reference_tokens(models: dict[str, Path], out: Path, deadline: float, args) -> dict:
@@ -370,7 +375,8 @@ def reference_tokens(models: dict[str, Path], out: Path, deadline: float, args) 
     DeepGEMM's indexer, FlashMLA's sparse attention), greedy: the tokens our DSA run is held to (`sglang-dsa`)."""
     run_dir = out / "sglang-dsa"
     run_dir.mkdir(parents=True, exist_ok=True)
-    server = Server("sglang", models, run_dir, speculative=False, attention="dsa", extra=REFERENCE_ARGS)
+    server = Server("sglang", models, run_dir, speculative=False, attention="dsa", extra=REFERENCE_ARGS,
+                    extra_env=REFERENCE_ENV)
     result: dict = {"kernel": "sglang", "algorithm": "none", "attention": "dsa", "argv": server.argv, "failed": []}
     tokens: dict[str, list[int]] = {}
     try:
@@ -522,6 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-tie-check", dest="tie_check", action="store_false",
                     help="skip the near-tie check where the two servers' greedy tokens part (a third server start)")
     args = ap.parse_args(argv)
+    # The server runs in .gpu/ and is handed paths under these (stats, profiles): relative ones would land there.
+    args.out = args.out.resolve()
+    args.pack = args.pack.resolve() if args.pack else None
     t0 = time.monotonic()
     deadline = t0 + args.budget_s
     kernels = [k for k in args.kernel.split(",") if k]
