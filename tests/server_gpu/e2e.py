@@ -100,6 +100,13 @@ def setup() -> dict:
     return record
 
 
+def gpu_description() -> str:
+    """The card and the stack that ran the server, for the report (the device tool may lend an H100 or an H200)."""
+    probe = ("import torch, triton; p = torch.cuda.get_device_properties(0); "
+             "print(f'{p.name} (sm_{p.major}{p.minor}), torch {torch.__version__}, Triton {triton.__version__}')")
+    return run([PY, "-c", probe], "the GPU").stdout.strip()
+
+
 def make_models(stand_in: str) -> dict[str, Path]:
     root = GPU / f"models-{stand_in}"
     paths = {"target": root / "target", "drafter": root / "drafter", "view": root / "target-dense-mla"}
@@ -542,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"kernels": {}}
     try:
         summary["setup"] = setup()
+        summary["gpu"] = gpu_description()
         log(f"setup done in {time.monotonic() - t0:.1f} s")
         summary["stand_in"] = {"name": args.stand_in, "layers": STAND_INS[args.stand_in].layers,
                                "mlp_width": STAND_INS[args.stand_in].mlp_width}

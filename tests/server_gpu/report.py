@@ -67,6 +67,26 @@ def stand_in(*run_dirs: Path) -> dict:
     return next(iter(seen.values()), {"name": "small", "layers": 8})
 
 
+def gpu_of(*run_dirs: Path, given: str | None = None) -> str:
+    """The card the runs served on: e2e.py's summary.json records it; `given` (--gpu) for calls before it did."""
+    seen = {json.loads(s.read_text()).get("gpu") for d in run_dirs if (s := _unpack(d) / "summary.json").exists()}
+    seen.discard(None)
+    if len(seen) > 1:
+        raise ValueError(f"the runs served on different cards: {sorted(seen)}; report each on its own")
+    if given and seen and given not in seen:
+        raise ValueError(f"--gpu {given!r} contradicts the card the runs recorded: {seen.pop()!r}")
+    if not (gpu := given or next(iter(seen), None)):
+        raise ValueError("the runs do not record their card (an e2e.py before it did): pass --gpu "
+                         "'NAME (sm_XY), torch X, Triton Y' as the call's log shows it")
+    return gpu
+
+
+def card_name(gpu: str) -> str:
+    """'NVIDIA H100 80GB HBM3 (sm_90), ...' -> 'H100', for a plot's title."""
+    words = [w for w in gpu.split("(")[0].split() if w != "NVIDIA"]
+    return words[0] if words else gpu
+
+
 def attention_of(name: str, result: dict) -> str:
     return result.get("attention") or ("dsa" if name.endswith("-dsa") else "dense-view")
 
@@ -185,7 +205,7 @@ def same_as_before(run: dict, before: dict) -> dict:
 
 
 def report(*run_dirs: Path, commit: str, note: str | None = None, before: tuple[Path, ...] = (),
-           dense: tuple[Path, ...] = ()) -> dict:
+           dense: tuple[Path, ...] = (), gpu: str | None = None) -> dict:
     run = load_run(*run_dirs)
     ours = run[ours_run(run)]["result"]
     attention = attention_of(ours_run(run), ours)
@@ -198,7 +218,7 @@ def report(*run_dirs: Path, commit: str, note: str | None = None, before: tuple[
     return {
         "commit": commit,
         **({"note": note} if note else {}),
-        "gpu": "NVIDIA H200 (sm_90; our kernel's native Hopper path), torch 2.11.0+cu130, Triton 3.6.0",
+        "gpu": gpu_of(*run_dirs, *dense, given=gpu),
         "stand_in": si["name"],
         "layers": si["layers"],
         "attention": attention,
@@ -246,9 +266,14 @@ def plot(data: dict, path: Path) -> None:
     if dense:  # a DSA report's dense-view run of the same machine
         a.plot([r["context"] for r in dense], [r["decode_tok_s"] for r in dense], "x--", label="our kernel, DDTree, "
                "dense-MLA view")
-    a.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="decode tok/s (1 request)",
-          title=f"{data.get('layers', 8)}-layer stand-in on an H200: decode speed"
+    speeds = [r["decode_tok_s"] for r in [*data["rows"], *dense] if r["decode_tok_s"]]
+    flat = bool(speeds) and max(speeds) < 3 * min(speeds)  # a log axis of a narrow range reads as noise
+    a.set(xscale="log", yscale="linear" if flat else "log", xlabel="context (tokens)",
+          ylabel="decode tok/s (1 request)",
+          title=f"{data.get('layers', 8)}-layer stand-in on {card_name(data['gpu'])}: decode speed"
           + (" (DSA)" if data.get("attention") == "dsa" else ""))
+    if flat:
+        a.set_ylim(bottom=0)
     a.grid(True, alpha=0.3)
     a.legend()
     # Our kernel's steps only: SGLang's (18-360 ms) would flatten them; their totals go in the labels.
@@ -300,9 +325,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="a run before a change (its RUN_DIRs): same_tokens_as_before compares our DDTREE tokens")
     ap.add_argument("--dense", type=Path, nargs="+", default=(), metavar="RUN_DIR",
                     help="a dense-view run of the same machine, reported beside a DSA run (dense_view_rows)")
+    ap.add_argument("--gpu", default=None,
+                    help="the card, for runs whose summary.json does not record it (e2e.py before it did)")
     args = ap.parse_args(argv)
     data = report(*args.run_dirs, commit=args.commit, note=args.note, before=tuple(args.before),
-                  dense=tuple(args.dense))
+                  dense=tuple(args.dense), gpu=args.gpu)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(data, indent=1) + "\n")
     plot(data, args.out / f"{args.name}.png")

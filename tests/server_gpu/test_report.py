@@ -121,7 +121,11 @@ def test_the_token_and_profile_stages_send_the_bench_prompt():
         assert bench_prompt(context) == prompt_ids(context, 32000, request_seed(context, 1, 0, 0))
 
 
-def _run_dir(root: Path, runs: dict[str, dict], stand_in: dict, trace_of: dict[str, Path]) -> Path:
+GPU = "NVIDIA H200 (sm_90), torch 2.11.0+cu130, Triton 3.6.0"
+
+
+def _run_dir(root: Path, runs: dict[str, dict], stand_in: dict, trace_of: dict[str, Path], gpu: str | None = GPU
+             ) -> Path:
     """What e2e.py --pack returns: runs.tar.gz (summary.json, <run>/result.json, bench, tokens) and traces."""
     import shutil
     import tarfile
@@ -132,7 +136,7 @@ def _run_dir(root: Path, runs: dict[str, dict], stand_in: dict, trace_of: dict[s
         (staging / name / "result.json").write_text(json.dumps(run["result"]))
         (staging / name / "tokens.json").write_text(json.dumps(run["tokens"]))
         (staging / name / "bench" / "throughput.json").write_text(json.dumps({"points": run["points"]}))
-    (staging / "summary.json").write_text(json.dumps({"stand_in": stand_in}))
+    (staging / "summary.json").write_text(json.dumps({"stand_in": stand_in} | ({"gpu": gpu} if gpu else {})))
     out = root / "out"
     out.mkdir()
     with tarfile.open(out / "runs.tar.gz", "w:gz") as tf:
@@ -219,3 +223,21 @@ def test_a_dsa_run_is_reported_beside_the_dense_view(tmp_path):
     assert [(r["attention"], r["step_ms"]) for r in data["dense_view_rows"]] == [("dense-view", 0.5)]
     assert "0.60" in markdown(data)
     assert report(dense, commit="abc")["attention"] == "dense-view" and "reference" not in report(dense, commit="abc")
+
+
+def test_the_card_is_the_one_the_runs_recorded(tmp_path):
+    from tests.server_gpu.report import report
+
+    run = {"ddtree": {"result": {"kernel": "ddtree", "argv": []}, "tokens": {}, "points": [_point(8192, 0.5)]}}
+    small = {"name": "small", "layers": 8}
+    h100 = "NVIDIA H100 80GB HBM3 (sm_90), torch 2.11.0+cu130, Triton 3.6.0"
+    assert report(_run_dir(tmp_path / "a", run, small, {}, gpu=h100), commit="abc")["gpu"] == h100
+    with pytest.raises(ValueError, match="different cards"):
+        report(_run_dir(tmp_path / "b", run, small, {}), _run_dir(tmp_path / "c", run, small, {}, gpu=h100),
+               commit="abc")
+    older = _run_dir(tmp_path / "d", run, small, {}, gpu=None)
+    with pytest.raises(ValueError, match="pass --gpu"):
+        report(older, commit="abc")
+    assert report(older, commit="abc", gpu=h100)["gpu"] == h100
+    with pytest.raises(ValueError, match="contradicts"):
+        report(_run_dir(tmp_path / "e", run, small, {}), commit="abc", gpu=h100)
