@@ -18,7 +18,9 @@ On a CUDA machine, from what `make gpu-carry` packed into `.gpu/` on a machine w
 5. where the two servers' greedy tokens part, the tie check (`tie_check`): the same model served without
    speculative decoding gives its top-2 log-probabilities there (report.py applies the near-tie rule).
    `--attention dsa` serves the DSA checkpoint itself (patch 0007); with `--reference` SGLang's own DSA serving
-   (no speculation, its DSA backend) gives the greedy tokens that run is held to (`sglang-dsa`).
+   (no speculation, its DSA backend) gives the greedy tokens that run is held to (`sglang-dsa`), and, being the
+   tie check's server too, answers the tie check itself (one server start fewer). `--kernel= --reference` runs
+   the reference alone, against a DSA run already in DIR (a second call on a warm machine).
 Everything lands in DIR/<run>/ (<kernel> for DDTREE, <kernel>-dflash for DFLASH);
 `python -m tests.server_gpu.report` turns the runs into `server-e2e-h200.json` and its plot. A stage that
 fails is recorded and the run goes on where it can; the exit status is non-zero if anything failed.
@@ -336,6 +338,24 @@ def first_differences(out: Path, attention: str = "dense-view") -> dict[str, int
     return {ctx: first for ctx, first in diffs.items() if first is not None}
 
 
+def top2_at_differences(url: str, out: Path, diffs: dict[str, int], attention: str) -> dict[str, dict]:
+    """Per context, a server without speculative decoding teacher-forced on our tokens up to their first
+    difference: the log-probabilities of each of our tokens and the top 2 at each position (report.near_ties)."""
+    ours = json.loads((out / run_name("ddtree", "DDTREE", attention) / "tokens.json").read_text())
+    positions = {}
+    for ctx, first in sorted(diffs.items(), key=lambda kv: int(kv[0])):
+        prompt = bench_prompt(int(ctx))
+        body = {"input_ids": prompt + ours[ctx][: first + 1], "return_logprob": True,
+                "logprob_start_len": len(prompt) - 1, "top_logprobs_num": 2,
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+        meta = requests.post(url + "/generate", json=body, timeout=900).json()["meta_info"]
+        positions[ctx] = {"prompt_len": len(prompt), "logprob_start_len": len(prompt) - 1,
+                          "input_token_logprobs": meta["input_token_logprobs"],
+                          "input_top_logprobs": meta["input_top_logprobs"]}
+        log(f"tie check {ctx}: first difference at {first}")
+    return positions
+
+
 def tie_check(models: dict[str, Path], out: Path, deadline: float, attention: str = "dense-view") -> dict:
     """Where the two servers' greedy tokens part, the target's top-2 log-probabilities there from a third
     computation: the same model served without speculative decoding (SGLang's prefill attention, no verify),
@@ -352,17 +372,7 @@ def tie_check(models: dict[str, Path], out: Path, deadline: float, attention: st
     result["argv"] = server.argv
     try:
         result["start_s"] = server.start(min(300, deadline - time.monotonic()))
-        ours = json.loads((out / run_name("ddtree", "DDTREE", attention) / "tokens.json").read_text())
-        for ctx, first in sorted(diffs.items(), key=lambda kv: int(kv[0])):
-            prompt = bench_prompt(int(ctx))
-            body = {"input_ids": prompt + ours[ctx][: first + 1], "return_logprob": True,
-                    "logprob_start_len": len(prompt) - 1, "top_logprobs_num": 2,
-                    "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
-            meta = requests.post(server.url + "/generate", json=body, timeout=900).json()["meta_info"]
-            result["positions"][ctx] = {"prompt_len": len(prompt), "logprob_start_len": len(prompt) - 1,
-                                        "input_token_logprobs": meta["input_token_logprobs"],
-                                        "input_top_logprobs": meta["input_top_logprobs"]}
-            log(f"tie check {ctx}: first difference at {first}")
+        result["positions"] = top2_at_differences(server.url, out, diffs, attention)
     finally:
         server.stop()
         (run_dir / "ties.json").write_text(json.dumps(result, indent=1))
@@ -394,6 +404,15 @@ def reference_tokens(models: dict[str, Path], out: Path, deadline: float, args) 
                 continue
             tokens[str(ctx)] = greedy_tokens(server.url, ctx, args.same_tokens)
             log(f"reference tokens {ctx}: {tokens[str(ctx)][:8]}...")
+        (run_dir / "tokens.json").write_text(json.dumps(tokens))
+        # This server is the tie check's too (SGLang's DSA serving, no speculation): ask it while it is up
+        # rather than start it again.
+        if args.tie_check and (diffs := first_differences(out, "dsa")) and time.monotonic() < deadline - 60:
+            (out / "plain").mkdir(parents=True, exist_ok=True)
+            ties = {"first_differences": diffs, "argv": server.argv, "served_by": "sglang-dsa",
+                    "positions": top2_at_differences(server.url, out, diffs, "dsa")}
+            (out / "plain" / "ties.json").write_text(json.dumps(ties, indent=1))
+            result["ties"] = ties
     except Exception as exc:
         result["failed"].append(f"{type(exc).__name__}: {exc}"[:4000])
         log(f"reference FAILED: {exc}")
@@ -564,7 +583,10 @@ def main(argv: list[str] | None = None) -> int:
             names.append("sglang-dsa")
             if args.pack:
                 pack(args.out, args.pack, names)
-        if args.tie_check and time.monotonic() < deadline - 120:
+        ties = summary["kernels"].get("sglang-dsa", {}).get("ties")  # the reference answered them
+        if ties is not None:
+            summary["ties"] = ties
+        elif args.tie_check and time.monotonic() < deadline - 120:
             summary["ties"] = tie_check(models, args.out, deadline, args.attention)
     except Exception as exc:
         summary["error"] = f"{type(exc).__name__}: {exc}"

@@ -79,3 +79,28 @@ def test_the_dsa_reference_is_sglangs_own_dsa_serving():
             "--attention-backend", "triton", "--kv-cache-dtype", "bfloat16"]
     assert plain_args(argv, "dsa") == ["--model-path", "/m", "--kv-cache-dtype", "bfloat16", "--disable-cuda-graph"]
     assert run_name("ddtree", "DDTREE", "dsa") == "ddtree-dsa" and run_name("ddtree", "DFLASH") == "ddtree-dflash"
+
+
+def test_the_tie_check_teacher_forces_our_tokens_up_to_their_first_difference(tmp_path, monkeypatch):
+    """What e2e asks the server without speculation (the DSA reference asks it itself, while it is up)."""
+    from tests.server_gpu import e2e
+
+    for run, tokens in (("ddtree-dsa", [1, 2, 3, 9, 5]), ("sglang-dsa", [1, 2, 3, 4, 5])):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "tokens.json").write_text(json.dumps({"8192": tokens, "131072": [7]}))
+    diffs = e2e.first_differences(tmp_path, "dsa")
+    assert diffs == {"8192": 3}  # 131072 agrees: nothing asked there
+    sent = []
+
+    class Answer:
+        def json(self) -> dict:
+            return {"meta_info": {"input_token_logprobs": [[-0.1, 1, None]], "input_top_logprobs": [[[-0.1, 1, None]]]}}
+
+    monkeypatch.setattr(e2e.requests, "post", lambda url, json, timeout: sent.append((url, json)) or Answer())
+    positions = e2e.top2_at_differences("http://127.0.0.1:1", tmp_path, diffs, "dsa")
+    url, body = sent[0]
+    prompt = e2e.bench_prompt(8192)
+    assert url.endswith("/generate") and len(sent) == 1
+    assert body["input_ids"] == [*prompt, 1, 2, 3, 9]  # ours, through the token where they part
+    assert (body["logprob_start_len"], body["top_logprobs_num"], body["return_logprob"]) == (len(prompt) - 1, 2, True)
+    assert positions["8192"]["logprob_start_len"] == len(prompt) - 1 and positions["8192"]["prompt_len"] == len(prompt)
