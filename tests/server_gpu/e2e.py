@@ -181,9 +181,11 @@ def plain_args(argv: list[str], attention: str = "dense-view") -> list[str]:
 class Server:
     def __init__(self, kernel: str, models: dict[str, Path], run_dir: Path, port: int = 30000,
                  speculative: bool = True, algorithm: str = "DDTREE", extra: list[str] = (),
-                 attention: str = "dense-view", extra_env: dict[str, str] | None = None):
+                 attention: str = "dense-view"):
         module, argv, env = production_launch()
-        env |= extra_env or {}
+        sglang_dsa = not speculative and attention == "dsa"  # SGLang's own DSA serving (reference, tie check)
+        if sglang_dsa:
+            env |= REFERENCE_ENV
         # dense-view: the dense-MLA view the production inventory serves; dsa: the DSA checkpoint itself
         # (ddtree_dsa_attention: dsa, patch 0007)
         model = models["target"] if attention == "dsa" else models["view"]
@@ -192,7 +194,7 @@ class Server:
                                         "--tp": "1", "--port": str(port)})
         if algorithm == "DFLASH":
             self.argv = chain_args(self.argv)
-        self.argv += list(extra)
+        self.argv += list(extra) + (REFERENCE_ARGS if sglang_dsa else [])
         if not speculative:
             self.argv = plain_args(self.argv, attention)
         self.url = f"http://127.0.0.1:{port}"
@@ -366,9 +368,7 @@ def tie_check(models: dict[str, Path], out: Path, deadline: float, attention: st
         return result
     run_dir = out / "plain"
     run_dir.mkdir(parents=True, exist_ok=True)
-    server = Server("ddtree", models, run_dir, speculative=False, attention=attention,
-                    extra=REFERENCE_ARGS if attention == "dsa" else (),
-                    extra_env=REFERENCE_ENV if attention == "dsa" else None)
+    server = Server("ddtree", models, run_dir, speculative=False, attention=attention)
     result["argv"] = server.argv
     try:
         result["start_s"] = server.start(min(300, deadline - time.monotonic()))
@@ -392,8 +392,7 @@ def reference_tokens(models: dict[str, Path], out: Path, deadline: float, args) 
     DeepGEMM's indexer, FlashMLA's sparse attention), greedy: the tokens our DSA run is held to (`sglang-dsa`)."""
     run_dir = out / "sglang-dsa"
     run_dir.mkdir(parents=True, exist_ok=True)
-    server = Server("sglang", models, run_dir, speculative=False, attention="dsa", extra=REFERENCE_ARGS,
-                    extra_env=REFERENCE_ENV)
+    server = Server("sglang", models, run_dir, speculative=False, attention="dsa")
     result: dict = {"kernel": "sglang", "algorithm": "none", "attention": "dsa", "argv": server.argv, "failed": []}
     tokens: dict[str, list[int]] = {}
     try:

@@ -95,7 +95,7 @@ class DSAPlan:
 
     @cached_property
     def topk_splits(self) -> int:
-        # 8 programs an SM (4 warps each; sm_120 keeps 12): past 8 the passes wait on their histograms' atomics
+        # 8 programs an SM (4 warps each; sm_120 keeps 12); more splits gain nothing: launches bound a pass
         return split_count(self.max_draft_tokens * self.batch_size, self.target.sms * 8,
                            max(1, -(-self.logits_width // self.tiles.topk.block_n)))
 
