@@ -3,7 +3,8 @@
     python -m tests.server_gpu.report RUN_DIR [RUN_DIR ...] --commit SHA [--out tests/server_gpu/results]
 
 RUN_DIR holds what `e2e.py --pack` returned: `runs.tar.gz` (unpacked here) and `trace-<run>-<context>.json.gz`;
-several RUN_DIRs (one run's device calls) are joined, a later one's run of the same name replacing an earlier's.
+several RUN_DIRs (one run's device calls) are joined: a run of the same name in a later call adds its contexts
+(e.g. 185k in a call of its own) and replaces the earlier call's figures at a context both measured.
 A run is `<kernel>` (DDTREE) or `<kernel>-dflash` (the same drafter as a DFlash chain), `-dsa` appended where
 the DSA checkpoint itself was served (e2e.py --attention dsa); `--dense RUN_DIR` adds a dense-view run of the same
 machine beside a DSA report (`dense_view_rows`).
@@ -45,14 +46,26 @@ def load_run(*run_dirs: Path) -> dict:
             bench = d / "bench" / "throughput.json"
             tokens = d / "tokens.json"
             trace = re.compile(rf"trace-{re.escape(d.name)}-(\d+)\.json\.gz$")
-            out[d.name] = {
+            entry = {
                 "result": result,
                 "bench": json.loads(bench.read_text()) if bench.exists() else {"points": []},
                 "tokens": json.loads(tokens.read_text()) if tokens.exists() else {},
                 "traces": {int(m.group(1)): p for p in run_dir.glob("trace-*.json.gz")
                            if (m := trace.match(p.name))},
             }
+            out[d.name] = _join(out[d.name], entry) if d.name in out else entry
     return out
+
+
+def _join(earlier: dict, later: dict) -> dict:
+    """One run served over two calls: every context either measured, the later call's where both did; the
+    verify statistics of both (each call's server counted its own)."""
+    points = {p["context"]: p for p in [*earlier["bench"]["points"], *later["bench"]["points"]]}
+    stats = [*(earlier["result"].get("verify_stats") or []), *(later["result"].get("verify_stats") or [])]
+    return {"result": later["result"] | {"verify_stats": stats},
+            "bench": later["bench"] | {"points": [points[c] for c in sorted(points)]},
+            "tokens": earlier["tokens"] | later["tokens"],
+            "traces": earlier["traces"] | later["traces"]}
 
 
 def stand_in(*run_dirs: Path) -> dict:
@@ -242,6 +255,7 @@ def report(*run_dirs: Path, commit: str, note: str | None = None, before: tuple[
         "start_s": {k: v["result"].get("start_s") for k, v in run.items()},
         **({"same_tokens_as_before": same_as_before(run, load_run(*before))} if before else {}),
         "rows": rows(run),
+        **({"before_rows": rows(load_run(*before))} if before else {}),
         **({"dense_view_rows": rows(load_run(*dense))} if dense else {}),
     }
 
@@ -266,7 +280,11 @@ def plot(data: dict, path: Path) -> None:
     if dense:  # a DSA report's dense-view run of the same machine
         a.plot([r["context"] for r in dense], [r["decode_tok_s"] for r in dense], "x--", label="our kernel, DDTree, "
                "dense-MLA view")
-    speeds = [r["decode_tok_s"] for r in [*data["rows"], *dense] if r["decode_tok_s"]]
+    before = [r for r in data.get("before_rows", []) if r["algorithm"] == "DDTREE" and r["decode_tok_s"]]
+    if before:  # the same launch before a change (--before)
+        a.plot([r["context"] for r in before], [r["decode_tok_s"] for r in before], "v--", color="grey",
+               label="our kernel, DDTree, before the change")
+    speeds = [r["decode_tok_s"] for r in [*data["rows"], *dense, *before] if r["decode_tok_s"]]
     flat = bool(speeds) and max(speeds) < 3 * min(speeds)  # a log axis of a narrow range reads as noise
     a.set(xscale="log", yscale="linear" if flat else "log", xlabel="context (tokens)",
           ylabel="decode tok/s (1 request)",
@@ -290,7 +308,8 @@ def plot(data: dict, path: Path) -> None:
         b.bar(labels, vals, bottom=bottom, label=part, color=colors[i % len(colors)])
         bottom = [x + y for x, y in zip(bottom, vals, strict=True)]
     b.set(ylabel="ms a decode step", title="where a step goes with our kernel (profiled)")
-    b.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if parts:
+        b.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -322,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="server-e2e-h200")
     ap.add_argument("--note", default=None, help="provenance, where the RUN_DIRs are more than one call")
     ap.add_argument("--before", type=Path, nargs="+", default=(), metavar="RUN_DIR",
-                    help="a run before a change (its RUN_DIRs): same_tokens_as_before compares our DDTREE tokens")
+                    help="a run before a change (its RUN_DIRs): same_tokens_as_before compares our DDTREE tokens, "
+                         "before_rows holds its figures")
     ap.add_argument("--dense", type=Path, nargs="+", default=(), metavar="RUN_DIR",
                     help="a dense-view run of the same machine, reported beside a DSA run (dense_view_rows)")
     ap.add_argument("--gpu", default=None,

@@ -180,7 +180,7 @@ def test_the_report_joins_calls_and_holds_the_tree_to_the_chain(tmp_path):
 
 
 def test_tokens_are_held_to_the_run_before_a_change(tmp_path):
-    from tests.server_gpu.report import report
+    from tests.server_gpu.report import plot, report
 
     glm5 = {"name": "glm5-weight", "layers": 78}
 
@@ -190,8 +190,31 @@ def test_tokens_are_held_to_the_run_before_a_change(tmp_path):
                                                      "points": [_point(8192, 0.5)]}}, glm5, {})
 
     before, after = call("before", [1, 2, 3]), call("after", [1, 2, 9])
-    got = report(after, commit="abc", before=(before,))["same_tokens_as_before"]
-    assert got == {"8192": {"tokens": 3, "first_difference": 2}, "65536": {"tokens": 1, "first_difference": None}}
+    data = report(after, commit="abc", before=(before,))
+    assert data["same_tokens_as_before"] == {"8192": {"tokens": 3, "first_difference": 2},
+                                             "65536": {"tokens": 1, "first_difference": None}}
+    assert [(r["context"], r["step_ms"]) for r in data["before_rows"]] == [(8192, 0.5)]
+    plot(data, tmp_path / "plot.png")  # the before line drawn beside the run's
+    assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_a_run_continued_in_a_later_call_adds_its_contexts(tmp_path):
+    from tests.server_gpu.report import report
+
+    trace = _trace(tmp_path, "ddtree", steps=2)
+    glm5 = {"name": "glm5-weight", "layers": 78}
+
+    def call(name: str, points: list[dict], tokens: dict, served: int, traced: bool) -> Path:
+        return _run_dir(tmp_path / name, {"ddtree": {
+            "result": {"kernel": "ddtree", "argv": [], "verify_stats": [{"served": served, "declined": {}}]},
+            "tokens": tokens, "points": points}}, glm5, {"ddtree": trace} if traced else {})
+
+    first = call("call1", [_point(8192, 0.704), _point(65536, 0.9)], {"8192": [1, 2]}, 5, traced=True)
+    second = call("call2", [_point(65536, 0.8), _point(185000, 1.2)], {"185000": [3]}, 7, traced=False)
+    data = report(first, second, commit="abc")
+    assert [(r["context"], r["step_ms"]) for r in data["rows"]] == [(8192, 0.704), (65536, 0.8), (185000, 1.2)]
+    assert data["rows"][0]["gpu_busy_ms"] == pytest.approx(0.352)  # the first call's profile kept
+    assert data["verify_served"] == 12
 
 
 def test_calls_that_served_different_stand_ins_are_refused(tmp_path):
