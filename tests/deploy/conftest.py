@@ -19,6 +19,8 @@ from tests.support import testhost
 REPO = Path(__file__).resolve().parents[2]
 ROOT = "/srv/ddtree"
 UNIT = "/etc/systemd/system/sglang-ddtree.service"
+OLD, NEW = "ddtree-v2", "ddtree-v2-next"  # two commits of the DDTree branch (testhost.make_git_sources)
+H1, H2 = "ct-test-1", "ct-test-2"
 
 
 @dataclass
@@ -133,3 +135,23 @@ def hosts(tmp_path_factory) -> Hosts:
         yield Hosts(workdir, made)
     finally:
         testhost.down(workdir, made)
+
+
+@pytest.fixture
+def test_inventory(hosts: Hosts, monkeypatch):
+    """The test inventory, with this run's test hosts (for code that reads the inventory itself: fab, ddtree_ops)."""
+    monkeypatch.setenv("DDTREE_TESTHOST_DIR", str(hosts.workdir))
+    return "inventory/test"
+
+
+def deployed(hosts: Hosts, host: str, version: str) -> dict:
+    """The host's state, asserted in order: `version` current, verified, healthy, one server process, no lock."""
+    st = hosts.state(host)
+    assert st["health"] == 200, st
+    assert st["info"]["version"] == hosts.version(version), st["info"]
+    assert st["current"] in st["releases"], st
+    assert st["releases"][st["current"]] == {"complete": True, "verified": True}, st
+    assert len(st["pids"]) == 1, f"one server process expected on {host}: {st['pids']}"
+    assert st["serving"] == st["current"], "the server process is not the current release"
+    assert st["lock"] == "", "the deploy lock was left behind"
+    return st

@@ -7,7 +7,8 @@ file because `make test` distributes whole files (--dist loadfile): one worker o
 What they install is a DDTree branch built from git, as production does: the shared ddtree-v2
 snapshot made a git repository (OLD) with one later commit (NEW), reached by file:// URL. One
 case installs a PyPI release, which the launch-argument check refuses.
-The last cases run the read-only Fabric tasks (ddtree_ops.hosts, `fab`) against the deployed hosts.
+What a deploy checks before the switch (self-check, DSA, venv record) and the Fabric tasks are in
+test_deploy_checks_and_fab.py, with test hosts of their own, so that the two files run side by side.
 """
 
 from __future__ import annotations
@@ -17,38 +18,16 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-import paramiko
 import pytest
 import requests
 
 from ddtree_ops import hosts as remote
 from ddtree_ops.series import load_series
-from tests.support import testhost
 
-from .conftest import REPO, ROOT, UNIT, Hosts
-
-OLD, NEW = "ddtree-v2", "ddtree-v2-next"  # two commits of the DDTree branch (testhost.make_git_sources)
-H1, H2 = "ct-test-1", "ct-test-2"
-
-
-def _deployed(hosts: Hosts, host: str, version: str) -> dict:
-    st = hosts.state(host)
-    assert st["health"] == 200, st
-    assert st["info"]["version"] == hosts.version(version), st["info"]
-    assert st["current"] in st["releases"], st
-    assert st["releases"][st["current"]] == {"complete": True, "verified": True}, st
-    assert len(st["pids"]) == 1, f"one server process expected on {host}: {st['pids']}"
-    assert st["serving"] == st["current"], "the server process is not the current release"
-    assert st["lock"] == "", "the deploy lock was left behind"
-    return st
-
+from .conftest import H1, H2, NEW, OLD, REPO, ROOT, UNIT, Hosts, deployed
 
 DDTREE_V2_PATCHES = [p.name for p in next(s for s in load_series() if s.name == "ddtree-v2").patches]
 
@@ -58,7 +37,7 @@ def test_first_deploy_on_two_hosts(hosts: Hosts):
     assert result.rc == 0, result.output[-4000:]
     for host in (H1, H2):
         assert result.recap[host]["failed"] == 0
-        st = _deployed(hosts, host, OLD)
+        st = deployed(hosts, host, OLD)
         info = st["info"]
         # the real SGLang wheel in the release venv was patched by the patch tool, the whole ddtree-v2 series
         assert [p["name"] for p in info["ddtree_patches"]["patches"]] == DDTREE_V2_PATCHES
@@ -124,7 +103,7 @@ def test_upgrade_to_a_new_pin(hosts: Hosts):
     old = hosts.state(H1)["current"]
     result = hosts.play("deploy.yml", limit=H1, extra=hosts.source(NEW))
     assert result.rc == 0, result.output[-4000:]
-    st = _deployed(hosts, H1, NEW)
+    st = deployed(hosts, H1, NEW)
     assert st["current"] != old and st["releases"][old] == {"complete": True, "verified": True}
     assert len(st["venvs"]) == 2
     assert f"roll back: make rollback HOST={H1} INVENTORY=inventory/test" in result.output
@@ -209,13 +188,13 @@ def test_rollback_picks_the_newest_verified_release_and_skips_failed(hosts: Host
     assert len(verified) == 1  # the OLD release; the two failed ones are newer but must be skipped
     result = hosts.play("rollback.yml", limit=H1)
     assert result.rc == 0, result.output[-4000:]
-    back = _deployed(hosts, H1, OLD)
+    back = deployed(hosts, H1, OLD)
     assert back["current"] == verified[0] and back["pids"] != st["pids"]
 
     # by id, back to the new release; an unknown id is refused and changes nothing
     result = hosts.play("rollback.yml", limit=H1, extra={"rollback_to": new_release})
     assert result.rc == 0, result.output[-4000:]
-    assert _deployed(hosts, H1, NEW)["current"] == new_release
+    assert deployed(hosts, H1, NEW)["current"] == new_release
     result = hosts.play("rollback.yml", limit=H1, extra={"rollback_to": "no-such-release"})
     assert result.rc != 0 and "does not exist" in result.output and new_release in result.output
     assert hosts.state(H1)["current"] == new_release
@@ -286,7 +265,7 @@ def test_numeric_and_boolean_overrides_from_the_command_line(hosts: Hosts):
                         "-e", "ddtree_smoke=true", "-e", "ddtree_smoke_verify_stats=false",
                         "-e", "ddtree_budget=10", limit=H1, extra=hosts.source(NEW))
     assert result.rc == 0, result.output[-4000:]
-    _deployed(hosts, H1, NEW)
+    deployed(hosts, H1, NEW)
     assert _serving_budget(hosts, H1) == "10"
 
 
@@ -323,7 +302,7 @@ def test_an_interrupted_deploy_converges_on_its_rerun(hosts: Hosts, test_invento
     # before anything else, the verified release that was serving went back into `current`
     assert f"an earlier run stopped before release {mid['current']} passed" in text
     assert f"current is back on verified release {before['current']}, healthy" in text
-    st = _deployed(hosts, H1, NEW)
+    st = deployed(hosts, H1, NEW)
     assert st["current"] == mid["current"] and _serving_budget(hosts, H1) == "12"
 
 
@@ -344,7 +323,7 @@ def test_ctrl_c_after_the_switch_puts_back_the_verified_release(hosts: Hosts):
     assert "stopped (SIGINT): running playbooks/resume.yml" in out
     text = " ".join(out.split())
     assert f"current is back on verified release {before['current']}" in text, out[-3000:]
-    after = _deployed(hosts, H1, NEW)  # current verified, serving, no lock left
+    after = deployed(hosts, H1, NEW)  # current verified, serving, no lock left
     assert after["current"] == before["current"] and after["pids"] == before["pids"]
     interrupted = [r for r, m in after["releases"].items() if m == {"complete": True}]
     assert len(interrupted) == 1  # the new release stays, complete and never verified, not current
@@ -362,7 +341,7 @@ def test_one_deploy_at_a_time(hosts: Hosts):
     text = " ".join(second.output.split())
     assert second.rc != 0 and "holds ct-test-1's lock" in text and " since " in text
     assert "That run is live (process" in text and "wait for it to finish" in text
-    _deployed(hosts, H1, NEW)
+    deployed(hosts, H1, NEW)
     assert _serving_budget(hosts, H1) == "14"  # only the first one served
 
 
@@ -382,13 +361,13 @@ def test_a_verified_release_failing_again_is_not_marked_failed(hosts: Hosts):
     assert again.rc == 0, again.output[-4000:]
     restart = again.output.split("TASK [ddtree : Restart the server on release", 1)[1].split("TASK [", 1)[0]
     assert "skipping" in restart  # the failed run had started this release; nothing to restart
-    _deployed(hosts, H1, NEW)
+    deployed(hosts, H1, NEW)
 
 
 def test_a_failing_redeploy_of_an_older_release_restores_the_one_serving(hosts: Hosts):
     """Budget 12 was verified earlier, budget 14 serves: redeploying 12 against a smoke floor it cannot meet fails,
     12 is not marked failed (it served and passed before), and 14 is current and serving again."""
-    before = _deployed(hosts, H1, NEW)
+    before = deployed(hosts, H1, NEW)
     assert _serving_budget(hosts, H1) == "14"
     result = hosts.play("deploy.yml", "-e", "ddtree_budget=12", "-e", "ddtree_smoke_min_accept_length=9",
                         limit=H1, extra=hosts.source(NEW))
@@ -396,7 +375,7 @@ def test_a_failing_redeploy_of_an_older_release_restores_the_one_serving(hosts: 
     assert result.rc != 0 and "had served and passed before, so it was not marked failed" in text, text[-3000:]
     back = f"rolled back: release {before['current']} is current and healthy (it was serving before this deploy)"
     assert back in text
-    after = _deployed(hosts, H1, NEW)
+    after = deployed(hosts, H1, NEW)
     assert after["current"] == before["current"] and _serving_budget(hosts, H1) == "14"
     assert not any(m.get("failed") for m in after["releases"].values()), after["releases"]
 
@@ -433,7 +412,7 @@ def test_rollback_to_a_failed_release_needs_force_and_the_printed_hint_runs(host
     text = " ".join(forced.output.split())
     assert forced.rc != 0 and f"Rollback of {H1} to release {failed} failed" in text and "Smoke-test" in text
     assert f"current is back on release {good}, which was serving before and is healthy again" in text
-    st = _deployed(hosts, H1, NEW)
+    st = deployed(hosts, H1, NEW)
     assert st["current"] == good and "verified" not in st["releases"][failed]
     # the deploy prints how to roll back; run it exactly as printed, from the repository root: to the release
     # that is current and serving, it changes nothing (no restart)
@@ -449,186 +428,13 @@ def test_rollback_to_a_failed_release_needs_force_and_the_printed_hint_runs(host
 def test_a_rollback_to_a_broken_release_returns_to_the_one_serving(hosts: Hosts):
     """A verified release whose launch file was damaged on the host cannot start: the rollback to it ends with the
     release that was serving current, serving and healthy, and the message names both."""
-    before = _deployed(hosts, H1, NEW)
+    before = deployed(hosts, H1, NEW)
     broken = next(r for r, m in before["releases"].items() if m.get("verified") and r != before["current"])
     hosts.sh(H1, f"echo '{{broken' > {ROOT}/releases/{broken}/launch.json")
     result = hosts.play("rollback.yml", limit=H1, extra={"rollback_to": broken})
     text = " ".join(result.output.split())
     assert result.rc != 0 and f"Rollback of {H1} to release {broken} failed" in text, text[-3000:]
     assert f"current is back on release {before['current']}, which was serving before and is healthy again" in text
-    after = _deployed(hosts, H1, NEW)
+    after = deployed(hosts, H1, NEW)
     assert after["current"] == before["current"]
     hosts.sh(H1, f"rm -rf {ROOT}/releases/{broken}")  # not a release to keep around
-
-
-def test_a_failing_kernel_self_check_refuses_or_falls_back_to_sglang(hosts: Hosts):
-    before = hosts.state(H1)
-    bad = {**hosts.source(NEW), "ddtree_selfcheck": True, "ddtree_selfcheck_heads": 0, "ddtree_budget": 6}
-    refused = hosts.play("deploy.yml", limit=H1, extra=bad)
-    text = " ".join(refused.output.split())
-    assert refused.rc != 0 and "ddtree_kernels computed wrong" in text and "was not switched to" in text
-    assert hosts.state(H1)["pids"] == before["pids"]
-    fallback = hosts.play("deploy.yml", limit=H1, extra={**bad, "ddtree_selfcheck_fallback": "sglang"})
-    assert fallback.rc == 0, fallback.output[-3000:]
-    assert "WARNING: ddtree_kernels computed wrong" in " ".join(fallback.output.split())
-    st = _deployed(hosts, H1, NEW)
-    assert st["info"]["verify_kernel"] == "sglang"
-    restore = hosts.play("deploy.yml", "-e", "ddtree_budget=14", limit=H1, extra=hosts.source(NEW))
-    assert restore.rc == 0, restore.output[-3000:]
-    manifest = json.loads(hosts.sh(H1, f"cat {ROOT}/current/manifest.json"))
-    assert manifest["verify_kernel"] == "ddtree"
-
-
-def _glm5_checkpoint() -> Path:
-    """GLM-5's config.json (tests/server_gpu/models.py) in a folder the hosts' server user can read."""
-    from tests.server_gpu.models import target_config
-
-    folder = Path(tempfile.mkdtemp(prefix="glm5-", dir="/tmp")) / "GLM-5"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(target_config()))
-    for path in (folder.parent, folder):
-        path.chmod(0o755)
-    return folder
-
-
-def _launched_model(hosts: Hosts, host: str) -> str:
-    argv = json.loads(hosts.sh(host, f"cat {ROOT}/current/launch.json"))["argv"]
-    return argv[argv.index("--model-path") + 1]
-
-
-def test_a_dsa_checkpoint_is_served_sparse_or_through_the_dense_view(hosts: Hosts):
-    """ddtree_dsa_attention on GLM-5's config: `dsa` passes the launch check of the release's own patched SGLang
-    (patch 0007 found in its source) only with a bf16 cache, runs the DSA self-check and a smoke test that needs
-    every verify served sparse; `dense-view` launches from the dense-MLA view."""
-    model = _glm5_checkpoint()
-    before = hosts.state(H1)
-    base = {**hosts.source(NEW), "ddtree_model_path": str(model), "ddtree_budget": 14, "ddtree_selfcheck": True}
-    try:
-        refused = hosts.play("deploy.yml", limit=H1, extra={**base, "ddtree_kv_cache_dtype": "auto"})
-        text = " ".join(refused.output.split())
-        assert refused.rc != 0 and "--kv-cache-dtype auto (needs bfloat16" in text, text[-3000:]
-        assert "ddtree_dsa_attention: dense-view" in text and hosts.state(H1)["pids"] == before["pids"]
-
-        sparse = hosts.play("deploy.yml", limit=H1, extra={**base, "ddtree_kv_cache_dtype": "bfloat16"})
-        assert sparse.rc == 0, sparse.output[-4000:]
-        _deployed(hosts, H1, NEW)
-        assert _launched_model(hosts, H1) == str(model)
-        smoke = hosts.sh(H1, f"cat {ROOT}/current/.verified")
-        assert "PASS  TARGET_VERIFY served by ddtree_kernels (sparse DSA)" in smoke, smoke
-
-        dense = hosts.play("deploy.yml", limit=H1, extra={**base, "ddtree_kv_cache_dtype": "bfloat16",
-                                                            "ddtree_dsa_attention": "dense-view"})
-        assert dense.rc == 0, dense.output[-4000:]
-        _deployed(hosts, H1, NEW)
-        assert _launched_model(hosts, H1) == f"{ROOT}/shared/models/GLM-5-dense-mla"
-        assert "(sparse DSA)" not in hosts.sh(H1, f"cat {ROOT}/current/.verified")
-    finally:
-        restore = hosts.play("deploy.yml", "-e", "ddtree_budget=14", limit=H1, extra=hosts.source(NEW))
-        shutil.rmtree(model.parent, ignore_errors=True)
-    assert restore.rc == 0, restore.output[-3000:]
-
-
-def test_an_edited_venv_is_refused_until_rebuilt(hosts: Hosts, test_inventory):
-    """A hand edit to a patched SGLang file in the serving release's venv: fab status names it, the next deploy
-    that would reuse the venv refuses (nothing switched), and -e ddtree_venv_rebuild=true builds it again."""
-    before = _deployed(hosts, H1, NEW)
-    site = hosts.sh(H1, f"ls -d {ROOT}/current/venv/lib/python3*/site-packages")
-    edited = "sglang/srt/speculative/dflash_utils.py"
-    hosts.sh(H1, f"echo '# a hand edit' >> {site}/{edited}")
-    conn, hv = remote.connect(H1, "inventory/test")
-    report, ok = remote.status_report(conn, hv)
-    assert not ok and f"PROBLEM: {edited}: changed since the venv was built" in report, report
-    refused = hosts.play("deploy.yml", "-e", "ddtree_budget=14", limit=H1, extra=hosts.source(NEW))
-    text = " ".join(refused.output.split())
-    assert refused.rc != 0 and "differs from its record" in text and f"{edited}: changed" in text, text[-3000:]
-    assert "Nothing was switched" in text and "ddtree_venv_rebuild=true" in text
-    assert hosts.state(H1)["pids"] == before["pids"]
-    rebuilt = hosts.play("deploy.yml", "-e", "ddtree_budget=14", "-e", "ddtree_venv_rebuild=true", limit=H1,
-                         extra=hosts.source(NEW))
-    assert rebuilt.rc == 0, rebuilt.output[-4000:]
-    assert "# a hand edit" not in hosts.sh(H1, f"tail -1 {site}/{edited}")
-    _deployed(hosts, H1, NEW)
-    assert remote.status_report(conn, hv)[1]
-
-
-# -- remote.py ----------------------------------------------------------------------------
-
-@pytest.fixture
-def test_inventory(hosts: Hosts, monkeypatch):
-    monkeypatch.setenv("DDTREE_TESTHOST_DIR", str(hosts.workdir))
-    return "inventory/test"
-
-
-def test_status_reports_what_is_on_the_host(hosts: Hosts, test_inventory):
-    state = hosts.state("ct-test-1")
-    conn, hv = remote.connect("ct-test-1", test_inventory)
-    assert hv["ansible_host"] == hosts["ct-test-1"].address and hv["ansible_port"] in (2222, "2222")
-    report, serving = remote.status_report(conn, hv)
-    assert serving == (state["health"] == 200)
-    current = state["current"]
-    assert f"current: {'releases/' + current if current else 'none'}" in report
-    for rid, markers in state["releases"].items():
-        assert any(line.strip().startswith(rid) and all(m in line for m in markers) for line in report.splitlines())
-    if state["info"]:
-        assert f"server: SGLang {state['info']['version']}, DDTREE" in report
-    assert "gpus: nvidia-smi not available" in report  # a test host has no GPU
-
-
-def test_fab_with_no_host_acts_on_the_local_test_host(hosts: Hosts, test_inventory):
-    """`make deploy` with no HOST deploys ct-test-1; `fab status` with no --host reports that same host."""
-    bindir = Path(sys.executable).parent
-    proc = subprocess.run([str(bindir / "fab"), "status"], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"current: releases/{hosts.state(H1)['current']}" in proc.stdout
-
-
-def test_fab_status_fails_when_the_host_does_not_serve(hosts: Hosts, test_inventory):
-    bindir = Path(sys.executable).parent
-    fab = [str(bindir / "fab"), "status", "--host", H1, "--inventory", "inventory/test"]
-    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
-    hosts.sh(H1, "systemctl stop sglang-ddtree")
-    try:
-        down = subprocess.run(fab, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
-        assert down.returncode == 1, down.stdout + down.stderr
-        assert "NOT SERVING" in down.stdout and "service sglang-ddtree: inactive" in down.stdout
-    finally:
-        hosts.sh(H1, "systemctl start sglang-ddtree")
-    deadline = time.monotonic() + 30
-    while hosts.state(H1)["health"] != 200:
-        assert time.monotonic() < deadline
-        time.sleep(1)
-    up = subprocess.run(fab, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
-    assert up.returncode == 0 and f"server process runs release: {hosts.state(H1)['current']}" in up.stdout
-
-
-def test_an_unreachable_test_host_is_named_with_how_to_bring_it_up():
-    hint = remote.reach_hint("ct-test-1", {"ansible_host": "10.213.1.2", "ansible_port": 2222},
-                             ConnectionRefusedError(111, "Connection refused"))
-    assert "cannot reach ct-test-1 at 10.213.1.2:2222" in hint and "make testhost" in hint
-
-
-def test_unknown_host_key_is_refused(hosts: Hosts, tmp_path, monkeypatch):
-    # The same inventory, but a known_hosts without the test host's key (and no ~/.ssh either).
-    for name in ("id_ed25519", testhost.SUBNET_FILE, testhost.STATE_FILE):  # the record says the host is up
-        shutil.copy(hosts.workdir / name, tmp_path / name)
-    (tmp_path / "known_hosts").write_text("")
-    monkeypatch.setenv("DDTREE_TESTHOST_DIR", str(tmp_path))
-    monkeypatch.setenv("HOME", str(tmp_path))
-    conn, _ = remote.connect("ct-test-1", "inventory/test")
-    with pytest.raises(paramiko.SSHException, match="not found in known_hosts"):
-        conn.run("true", hide=True, in_stream=False)
-
-
-def test_logs_and_tunnel(hosts: Hosts, test_inventory):
-    conn, hv = remote.connect("ct-test-1", test_inventory)
-    assert "stand-in SGLang" in remote.logs_text(conn, hv, 50)  # the server's own start-up line
-    port = _free_port()
-    with remote.open_tunnel(conn, hv, port) as url:
-        assert requests.get(f"{url}/health_generate", timeout=10).status_code == 200
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
