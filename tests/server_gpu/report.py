@@ -220,6 +220,7 @@ def same_as_before(run: dict, before: dict) -> dict:
 def report(*run_dirs: Path, commit: str, note: str | None = None, before: tuple[Path, ...] = (),
            dense: tuple[Path, ...] = (), gpu: str | None = None) -> dict:
     run = load_run(*run_dirs)
+    earlier = load_run(*before) if before else None
     ours = run[ours_run(run)]["result"]
     attention = attention_of(ours_run(run), ours)
     stats = _verify_stats(run)
@@ -253,9 +254,9 @@ def report(*run_dirs: Path, commit: str, note: str | None = None, before: tuple[
         "same_tokens_detail": {ctx: d | ({"near_tie": ties[ctx]} if ctx in ties else {})
                                for ctx, d in detail.items()},
         "start_s": {k: v["result"].get("start_s") for k, v in run.items()},
-        **({"same_tokens_as_before": same_as_before(run, load_run(*before))} if before else {}),
+        **({"same_tokens_as_before": same_as_before(run, earlier)} if earlier else {}),
         "rows": rows(run),
-        **({"before_rows": rows(load_run(*before))} if before else {}),
+        **({"before_rows": rows(earlier)} if earlier else {}),
         **({"dense_view_rows": rows(load_run(*dense))} if dense else {}),
     }
 
