@@ -45,7 +45,7 @@ _MASK_NAMES = {0: "chain", 1: "sglang_flat", 2: "compact"}
 # index-key row is 132 bytes, so its strides get no hint).
 DSA_ALIGNED_ARGS = frozenset({
     "IQ", "IW", "index_k", "index_s", "kv_indices", "kv_indptr", "qo_indptr", "tree_slots", "vis", "Logits", "State",
-    "Sel", "SelCount", "Q", "K_buf", "O_part", "LSE_part", "stride_qt", "stride_qh", "stride_ks",
+    "Sel", "SelCount", "CandKey", "CandSlot", "Q", "K_buf", "O_part", "LSE_part", "stride_qt", "stride_qh", "stride_ks",
 })
 # Verify shapes whose plans cover every launch a table makes: (heads, draft tokens) from decode to 33-token
 # trees, each on both cache dtypes and both value layouts; the merge also at its most parts (max_splits).
@@ -201,21 +201,21 @@ def cuobjdump(cubin: bytes) -> tuple[int, int, int, str]:
 
 def _dsa_jobs(cap: tuple[int, int]) -> list[tuple]:
     """The DSA verify's kernels (ddtree_kernels.dsa, DSA_KERNELS) as its plans launch them on `cap`: GLM-5's tree
-    and decode, a bf16 and an fp8 cache, each top-k pass, and the prefill's chunk (its top-k walks a longer chain;
-    the other kernels' constexprs do not depend on it). sm_120's DSA tiles serve every GPU, so all must fit."""
+    and decode, a bf16 and an fp8 cache, the top-k's collect and resolve, and the prefill's chunk (its top-k walks a
+    longer chain; the other kernels' constexprs do not depend on it). sm_120's DSA tiles serve every GPU, so all must
+    fit."""
     target = _targets(cap)[-1]
     jobs = []
     for draft, fp8 in ((9, False), (9, True), (1, False), (PREFILL_CHUNK, False)):
         plan = plan_dsa_verify(1, 8, draft, draft, 185_000, target, kv_fp8=fp8)
         kv = "fp8e4nv" if fp8 else "bf16"
         for kernel, (_, types) in DSA_KERNELS.items():
-            if (fp8 and kernel != "attention") or (draft == PREFILL_CHUNK and kernel != "topk"):
+            if (fp8 and kernel != "attention") or (draft == PREFILL_CHUNK and not kernel.startswith("topk")):
                 continue
             const = plan.constexprs(kernel, interpreted=False)
             warps, stages = const.pop("num_warps"), const.pop("num_stages")
             sig = {k: ("*" + kv if v == "*KV" else v) for k, v in types.items()}
-            calls = [{"PASS": p} for p in range(5)] if kernel == "topk" else (
-                [{"SCALE_FROM_PTR": False}] if kernel == "attention" else [{}])
+            calls = [{"SCALE_FROM_PTR": False}] if kernel == "attention" else [{}]
             for call in calls:
                 variant = f"kv={kv},n={draft}" + "".join(f",{k}={v}" for k, v in call.items())
                 jobs.append((plan.tiles.name, cap, f"dsa:{kernel}", variant, sig, const | call, warps, stages, 0,

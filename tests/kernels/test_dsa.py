@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ddtree_kernels.dsa import DSAWorkspace, boundary_gap, dsa_tree_verify, plan_dsa_verify, run_dsa_verify
+from ddtree_kernels.dsa.index_keys import index_views
 
 from .cases import DEVICE, TARGET
 from .dsa_cases import make_dsa_case
@@ -36,15 +37,17 @@ def _check(case, out, ws=None, tol=2e-2):
     assert err < tol, f"relative error {err:.3e} seed={case.seed}"
 
 
-def _run(case, heads):
+def _run(case, heads, *, max_context=None, candidates=None):
+    """(out, the workspace; None where the plan took the dense shortcut and selected nothing). max_context: plan for
+    a longer context than the case's (a server's plan: no dense shortcut, the take-all decided on the GPU)."""
     bs = case.qo_indptr.shape[0] - 1
     n = int((case.qo_indptr[1:] - case.qo_indptr[:-1]).max())
-    plan = plan_dsa_verify(bs, heads, n, case.q.shape[0], case.max_context, TARGET, topk=case.topk,
-                           kv_fp8=case.k_buf.dtype == torch.float8_e4m3fn)
+    plan = plan_dsa_verify(bs, heads, n, case.q.shape[0], max_context or case.max_context, TARGET, topk=case.topk,
+                           kv_fp8=case.k_buf.dtype == torch.float8_e4m3fn, candidates=candidates)
     ws = DSAWorkspace(plan, DEVICE)
     out = torch.full((case.q.shape[0], heads, 512), float("nan"), dtype=torch.bfloat16, device=DEVICE)
     run_dsa_verify(plan, ws, *case.args, out, sm_scale=case.sm_scale, k_scale=case.k_scale)
-    return out, ws
+    return out, (None if plan.dense_shortcut else ws)
 
 
 @pytest.mark.parametrize(("prefixes", "drafts", "heads", "topk"), [
@@ -71,7 +74,7 @@ def test_ancestors_stay_eligible_and_the_rest_of_the_tree_never():
     """A chain tree over a tiny prefix with top-k above the visible count: token i attends the prefix and tree
     tokens 0..i exactly, and never a later one."""
     case = make_dsa_case([5], [6], 8, DEVICE, topk=64, tree="chain")
-    out, ws = _run(case, 8)
+    out, ws = _run(case, 8, max_context=1000)  # no dense shortcut: the take-all is the GPU's decision
     tree = case.tree_slots.cpu().tolist()
     for i in range(6):
         got = _selected(ws, i)
@@ -86,10 +89,10 @@ def test_the_standalone_call_plans_itself():
 
 
 def test_a_workspace_too_small_is_refused():
-    plan = plan_dsa_verify(1, 8, 9, 9, 100, TARGET)
+    plan = plan_dsa_verify(1, 8, 9, 9, 100, TARGET, topk=64)
     ws = DSAWorkspace(plan, DEVICE)
-    case = make_dsa_case([50], [9], 8, DEVICE, topk=2048)
-    bigger = plan_dsa_verify(1, 8, 9, 9, 1000, TARGET)
+    case = make_dsa_case([50], [9], 8, DEVICE, topk=64)
+    bigger = plan_dsa_verify(1, 8, 9, 9, 1000, TARGET, topk=64)
     with pytest.raises(ValueError, match="DSAWorkspace"):
         run_dsa_verify(bigger, ws, *case.args, torch.empty(9, 8, 512, dtype=torch.bfloat16, device=DEVICE),
                        sm_scale=1 / 16)
@@ -116,3 +119,60 @@ def test_exact_ties_at_the_boundary_fill_the_top_k_once_each():
         got = ws.sel[t, : int(ws.sel_count[t])].cpu().tolist()
         assert int(ws.sel_count[t]) == 32 and len(set(got)) == 32
         assert set(got) <= set(prefix.cpu().tolist()) | set(case.tree_slots.cpu().tolist()[: t + 1])
+
+
+def _boundary_counts(ws, tokens: int, topk: int) -> list[int]:
+    """Keys in each token's boundary bucket, from the histogram the indexer left in the workspace."""
+    hist = ws.state[:tokens, :256].cpu()
+    counts = []
+    for t in range(tokens):
+        above = torch.cumsum(hist[t].flip(0), 0)
+        first = int(torch.nonzero(above >= topk)[0])
+        counts.append(int(hist[t].flip(0)[first]))
+    return counts
+
+
+@pytest.mark.parametrize("candidates", [None, 32])
+def test_near_equal_logits_in_the_boundary_bucket(candidates):
+    """Every prefix key the same fp8 key with a scale 0.05% apart from the next: the logits differ in order but all
+    fall in one bucket, so the boundary bucket holds the whole prefix. With the default buffer the candidates are
+    resolved from it; with 32 entries it overflows and the resolve program selects from the row. Either way the
+    selected set is the float64 reference's (sglang #36807 returned wrong sets when its buffer overflowed)."""
+    case = make_dsa_case([300], [9], 8, DEVICE, topk=64)
+    prefix = case.kv_indices[:300].long()
+    keys, scales = index_views(case.index_buf)
+    keys[prefix] = keys[prefix[0]].clone()
+    scales[prefix, 32] = scales[prefix[0], 32] * (1 + 5e-4 * torch.randperm(300, device=DEVICE).float())
+    out, ws = _run(case, 8, candidates=candidates)
+    counts = _boundary_counts(ws, 9, 64)
+    if candidates is not None:
+        assert max(counts) > candidates, counts  # the overflow this case is for
+    _check(case, out, ws)
+
+
+def test_exact_ties_overflowing_the_candidate_buffer():
+    """All prefix keys identical (exact ties) and a buffer smaller than the tie: the fallback still writes exactly k
+    distinct visible slots."""
+    case = make_dsa_case([200], [5], 8, DEVICE, topk=32, tree="chain")
+    buf = case.index_buf
+    prefix = case.kv_indices[:200].long()
+    buf[prefix] = buf[prefix[0]].clone()
+    _, ws = _run(case, 8, candidates=8)
+    for t in range(5):
+        got = ws.sel[t, : int(ws.sel_count[t])].cpu().tolist()
+        assert int(ws.sel_count[t]) == 32 and len(set(got)) == 32
+        assert set(got) <= set(prefix.cpu().tolist()) | set(case.tree_slots.cpu().tolist()[: t + 1])
+
+
+def test_the_dense_shortcut_equals_the_sparse_take_all():
+    """Where every key fits the top-k the plan runs the dense verify; the sparse path planned for a longer context
+    (a server's plan: the take-all decided per request on the GPU, no logits) attends the same keys."""
+    case = make_dsa_case([40, 0, 25], [9, 3, 5], 8, DEVICE, topk=64)
+    plan = plan_dsa_verify(3, 8, 9, 17, case.max_context, TARGET, topk=64)
+    assert plan.dense_shortcut and "dense verify" in plan.describe()
+    dense, none = _run(case, 8)
+    sparse, ws = _run(case, 8, max_context=500)
+    assert none is None and ws is not None
+    _check(case, dense)
+    _check(case, sparse, ws)
+    assert (dense.double() - sparse.double()).norm() / sparse.double().norm() < 1e-2

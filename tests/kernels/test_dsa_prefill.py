@@ -16,6 +16,7 @@ from .test_dsa import _check
 @pytest.mark.parametrize(("prefix", "tokens", "chunk", "topk"), [
     (0, 19, 8, 6),  # a fresh prompt: chunks of 8, the last one short, top-k below most prefixes
     (40, 13, 8, 16),  # an extend after a cached prefix
+    (0, 30, 8, 20),  # the first chunks' keys all fit the top-k: the dense shortcut, then the sparse chunks
 ])
 def test_prefill_in_chunks_matches_the_whole_prompt(prefix, tokens, chunk, topk):
     case = make_dsa_case([prefix], [tokens], 8, DEVICE, topk=topk, tree="chain")

@@ -5,18 +5,23 @@ token t's request: the prefix (slots `kv_indices[kv_indptr[b]:]`) and then the t
 -inf at tree positions the token does not see (not an ancestor or itself). One program scores a key chunk for a
 block of BLOCK_T tokens x HI heads, which share every gathered key: a [BLOCK_N, 128] fp8 key tile times the
 [BLOCK_T * HI, 128] query tile on the tensor cores (e4m3 `mma.sync` m16n8k32 on sm_120), relu, and the gated sum
-over each token's heads in fp32. The keys are read once a token block; splits fill the GPU
-(launcher.split_count). On Hopper the dot runs on bf16 (DOT_BF16, exact for e4m3 values): its fp8 wgmma keeps fewer
-accumulator bits, enough to move near-tie keys across the top-k boundary (3e-2 from the reference at 128k).
+over each token's heads in fp32. The keys are read once a token block (a 9-token tree is three blocks, each reading
+the key tile again, mostly from L2); splits fill the GPU (launcher.split_count). The epilogue is the top-k's first
+pass: each program adds its tokens' 256-bucket histograms of the logits it wrote (buckets.py) into the top-k state,
+one atomic add a non-empty bucket a token a program. A request whose keys all fit the top-k is not scored at all
+(its tokens take every visible key: topk.py). On Hopper the dot runs on bf16 (DOT_BF16, exact for e4m3 values): its
+fp8 wgmma keeps fewer accumulator bits, enough to move near-tie keys across the top-k boundary (3e-2 from the
+reference at 128k).
 
 Budget on sm_120 (DSA_SM120): keys 128 x 128 fp8 (16 KB) in stages, queries 128 x 128 fp8 (16 KB), 4 warps:
-32,768 B of shared memory, 254 registers, two programs an SM.
+32,768 B of shared memory, 254 registers (Triton 3.9, with the histogram), no spills, two programs an SM.
 """
 
 import triton
 import triton.language as tl
 
 from ..tile import dot_operand
+from .buckets import BINS, bucket, sort_key
 
 
 @triton.jit
@@ -45,10 +50,10 @@ def key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, pos, ok):
 
 @triton.jit
 def dsa_index_logits_kernel(
-    IQ, IW, index_k, index_s, kv_indices, kv_indptr, qo_indptr, tree_slots, vis, Logits, min_chunk,
-    stride_iqt, stride_iqh, stride_iwt, stride_ik, stride_is, stride_vis, stride_lt,
+    IQ, IW, index_k, index_s, kv_indices, kv_indptr, qo_indptr, tree_slots, vis, Logits, State, min_chunk,
+    stride_iqt, stride_iqh, stride_iwt, stride_ik, stride_is, stride_vis, stride_lt, stride_st,
     HI: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    DOT_FP32: tl.constexpr, TOPK: tl.constexpr,
 ):
     tb = tl.program_id(0)
     split = tl.program_id(1)
@@ -56,7 +61,8 @@ def dsa_index_logits_kernel(
     num_splits = tl.num_programs(1)
     q_start, n_tok, kv_start, prefix_len, lo, hi = request_keys(qo_indptr, kv_indptr, req, split, num_splits,
                                                                 min_chunk, BLOCK_N)
-    if tb * BLOCK_T >= n_tok or lo >= hi:
+    # a request whose keys all fit the top-k needs no logits: its tokens take every visible key (topk.py)
+    if tb * BLOCK_T >= n_tok or lo >= hi or prefix_len + n_tok <= TOPK:
         return
     # query rows: BLOCK_T tokens x HI heads, token-major
     offs_r = tl.arange(0, BLOCK_T * HI)
@@ -68,10 +74,13 @@ def dsa_index_logits_kernel(
     if DOT_BF16:  # e4m3 values are exact in bf16; Hopper's fp8 wgmma accumulates too coarsely for the top-k
         q = q.to(tl.bfloat16)
     w = tl.load(IW + (q_start + tok).to(tl.int64) * stride_iwt + offs_r % HI, mask=tok_ok, other=0.0)
-    offs_t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_tt = tl.arange(0, BLOCK_T)
+    offs_t = tb * BLOCK_T + offs_tt
     t_ok = offs_t < n_tok
     out_rows = Logits + (q_start + offs_t).to(tl.int64) * stride_lt
     offs_n = tl.arange(0, BLOCK_N)
+    offs_b = tl.arange(0, BINS)
+    hist = tl.zeros([BLOCK_T, BINS], dtype=tl.int32)  # each token's bucket histogram of this program's keys
     slots = key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, lo + offs_n, lo + offs_n < hi)
     for p0 in range(lo, hi, BLOCK_N):
         pos = p0 + offs_n
@@ -93,3 +102,12 @@ def dsa_index_logits_kernel(
                            mask=(tree_pos >= 0)[:, None] & ok[:, None] & t_ok[None, :], other=1)
             logits = tl.where(seen != 0, logits, float("-inf"))
         tl.store(out_rows[None, :] + pos[:, None], logits, mask=ok[:, None] & t_ok[None, :])
+        # the top-k's first pass: out-of-range keys count in bucket 0 and come off it below
+        buckets = tl.where(ok[:, None], bucket(sort_key(logits)), 0)
+        for j in tl.static_range(BLOCK_T):
+            column = tl.sum(tl.where(offs_tt[None, :] == j, buckets, 0), 1)
+            hist += tl.where(offs_tt[:, None] == j, tl.histogram(column, BINS)[None, :], 0)
+    misses = tl.cdiv(hi - lo, BLOCK_N) * BLOCK_N - (hi - lo)
+    hist -= tl.where(offs_b[None, :] == 0, misses, 0)
+    tl.atomic_add(State + (q_start + offs_t).to(tl.int64)[:, None] * stride_st + offs_b[None, :], hist,
+                  mask=(hist > 0) & t_ok[:, None])

@@ -1,7 +1,12 @@
-"""Plan and run one DSA tree-verify call: indexer, top-k (four histogram passes and a compaction), sparse MLA,
-merge. The same plan/run split as the dense verify (launcher.py): planning reads static facts only (shapes, the
-longest context, the target), the workspace belongs to the caller and is sized once, and `run_dsa_verify` only
-launches kernels, so a captured CUDA graph replays it with new prefixes, trees, slots and values.
+"""Plan and run one DSA tree-verify call: the indexer (its logits and the top-k's first histogram), the top-k
+(collect, resolve), sparse MLA, merge; or, where every request's keys fit the top-k, the dense verify. The same
+plan/run split as the dense verify (launcher.py): planning reads static facts only (shapes, the longest context, the
+target), the workspace belongs to the caller and is sized once, and `run_dsa_verify` only launches kernels, so a
+captured CUDA graph replays it with new prefixes, trees, slots and values.
+
+Launches of a call: a memset of the top-k state, the indexer, collect, resolve, the sparse MLA and the merge (six;
+the top-k was five kernels and the memset before). The dense shortcut: a gather of the tree's rows, then the dense
+verify's own launches.
 
 What each GPU family runs is one `DSATiles` entry (`DSA_TABLES`, chosen by compute capability like the dense rule
 tables; a GPU without an entry, and the interpreter, take sm_120's, whose tiles fit its 99 KB).
@@ -15,14 +20,15 @@ from functools import cached_property
 import torch
 
 from ..interpreter import interpreting
-from ..launcher import _scale_args, kv_view, merge_tile, split_count
+from ..launcher import VerifyPlan, Workspace, _scale_args, kv_view, merge_tile, plan_verify, run_verify, split_count
 from ..merge import merge_parts_kernel
 from ..plan_types import Tile
 from ..target import Target
+from ..tree import MASK_COMPACT
 from .index_keys import INDEX_DIM, index_views
 from .indexer import dsa_index_logits_kernel
 from .sparse_mla import dsa_sparse_mla_kernel
-from .topk import STATE, dsa_topk_kernel
+from .topk import STATE, dsa_topk_collect_kernel, dsa_topk_resolve_kernel
 
 TOPK = 2048  # GLM-5's index_topk
 STAGES = ("indexer", "topk", "attention")  # attention: the sparse MLA and the merge
@@ -34,7 +40,8 @@ class DSATiles:
 
     name: str
     indexer: Tile  # block_m: tree tokens sharing a key tile (x the index heads: the MMA's N)
-    topk: Tile  # block_n: logits a loop step
+    topk: Tile  # the collect pass, many programs a token; block_n: logits a loop step
+    topk_resolve: Tile  # one program a token; block_n: candidates (or logits, overflowed) a loop step
     attention: Tile  # block_m: heads a program, block_n: selected keys a step
     attention_fp8: Tile  # the same for an fp8 cache, widened in registers
     merge_block_d: int = 32
@@ -42,12 +49,19 @@ class DSATiles:
     merge_num_warps: int = 4
     min_chunk: int = 256  # fewest keys an indexer or top-k split takes
     attention_min_chunk: int = 32
+    # The top-k's candidate buffer a token, a fraction of its row rounded up to a power of two, within [min, max]
+    # entries. The boundary bucket of normal logits holds about 9% of a row where the top-k is its top 10-25% (8k-20k
+    # keys), 4% at the top 3% (64k), 2% at the top 1% (185k); a bucket that does not fit takes the exact fallback.
+    candidates_fraction: float = 1 / 8
+    candidates_min: int = 2048
+    candidates_max: int = 16384
 
 
 DSA_SM120 = DSATiles(
     "dsa-sm120",
     indexer=Tile("dsa_index_logits", block_m=4, block_n=128, num_warps=4, num_stages=3),
-    topk=Tile("dsa_topk", block_m=1, block_n=1024, num_warps=4, num_stages=1),
+    topk=Tile("dsa_topk_collect", block_m=1, block_n=1024, num_warps=4, num_stages=1),
+    topk_resolve=Tile("dsa_topk_resolve", block_m=1, block_n=1024, num_warps=8, num_stages=1),
     attention=Tile("dsa_sparse_mla", block_m=16, block_n=32, num_warps=4, num_stages=2),
     attention_fp8=Tile("dsa_sparse_mla", block_m=16, block_n=16, num_warps=4, num_stages=2),
 )
@@ -70,11 +84,38 @@ class DSAPlan:
     d_v: int = 512
     d_rope: int = 64
     kv_fp8: bool = False
+    candidates_override: int | None = None  # tests: a small buffer, to force its overflow
 
     @cached_property
     def logits_width(self) -> int:
         """Key positions a token's logits row holds: the longest prefix and the tree."""
         return self.max_context + self.max_draft_tokens
+
+    @cached_property
+    def dense_shortcut(self) -> bool:
+        """Every request's visible keys fit the top-k (the longest prefix and the tree are at most `topk` keys), so
+        each token's selection is all its keys and the dense tree verify computes the same attention: the plan runs
+        it, with no indexer and no top-k. Decided from static facts only. Where the longest prefix is not known
+        below the top-k (a server's plan), the check is per request on the GPU instead: the indexer skips a request
+        whose keys all fit and the collect pass writes them (take-all)."""
+        return self.logits_width <= self.topk
+
+    @cached_property
+    def dense_plan(self) -> VerifyPlan | None:
+        """The dense verify's plan for the shortcut (None without it)."""
+        if not self.dense_shortcut:
+            return None
+        return plan_verify(self.batch_size, self.num_heads, self.max_draft_tokens, self.total_tokens, self.target,
+                           d_v=self.d_v, d_rope=self.d_rope, kv_fp8=self.kv_fp8)
+
+    @cached_property
+    def candidates(self) -> int:
+        """The top-k's candidate buffer a token (entries)."""
+        if self.candidates_override is not None:
+            return self.candidates_override
+        t = self.tiles
+        want = max(t.candidates_min, int(self.logits_width * t.candidates_fraction))
+        return min(t.candidates_max, 1 << (want - 1).bit_length())
 
     @cached_property
     def token_blocks(self) -> int:
@@ -111,18 +152,20 @@ class DSAPlan:
 
     def constexprs(self, kernel: str, *, interpreted: bool | None = None) -> dict[str, object]:
         """The constexprs and launch options (num_warps, num_stages) of one of the plan's kernels ("indexer",
-        "topk" without its PASS, "attention", "merge"): what run_dsa_verify launches and fit compiles."""
+        "topk" (the collect pass), "topk_resolve", "attention", "merge"): what run_dsa_verify launches and fit
+        compiles."""
         dot_fp32 = self.target.interpreted if interpreted is None else interpreted
         tiles = self.tiles
         if kernel == "indexer":
             t = tiles.indexer
             hopper = self.target.capability is not None and self.target.capability[0] == 9
             return dict(HI=self.index_heads, D=INDEX_DIM, BLOCK_T=t.block_m, BLOCK_N=t.block_n, DOT_BF16=hopper,
-                        DOT_FP32=dot_fp32, num_warps=t.num_warps, num_stages=t.num_stages)
-        if kernel == "topk":
-            t = tiles.topk
+                        DOT_FP32=dot_fp32, TOPK=self.topk, num_warps=t.num_warps, num_stages=t.num_stages)
+        if kernel in ("topk", "topk_resolve"):
+            t = tiles.topk if kernel == "topk" else tiles.topk_resolve
             n_max = max(16, 1 << max(0, (self.max_draft_tokens - 1).bit_length()))
-            return dict(TOPK=self.topk, N_MAX=n_max, BLOCK=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
+            return dict(TOPK=self.topk, CANDIDATES=self.candidates, N_MAX=n_max, BLOCK=t.block_n,
+                        num_warps=t.num_warps, num_stages=t.num_stages)
         if kernel == "attention":
             t = self.attention_tile
             return dict(H=self.num_heads, D_V=self.d_v, D_R=self.d_rope, BLOCK_H=t.block_m, BLOCK_N=t.block_n,
@@ -138,20 +181,23 @@ class DSAPlan:
     def launch_constexprs(self) -> dict[str, dict[str, object]]:
         """Each kernel's constexprs and options for this plan's target, resolved once: run_dsa_verify reads them on
         every call."""
-        return {kernel: self.constexprs(kernel) for kernel in ("indexer", "topk", "attention", "merge")}
+        return {kernel: self.constexprs(kernel) for kernel in ("indexer", "topk", "topk_resolve", "attention", "merge")}
 
     def describe(self) -> str:
         cache = "fp8" if self.kv_fp8 else "16-bit"
-        return (f"DSA verify plan: bs {self.batch_size}, {self.num_heads} heads x {self.max_draft_tokens} draft "
-                f"tokens, top {self.topk} of up to {self.max_context} + tree keys, {cache} cache, "
-                f"on {self.target}, {self.tiles.name}: indexer {self.index_splits} splits "
-                f"({self.tiles.indexer}), top-k {self.topk_splits} splits, attention {self.attention_splits} splits "
-                f"({self.attention_tile})")
+        head = (f"DSA verify plan: bs {self.batch_size}, {self.num_heads} heads x {self.max_draft_tokens} draft "
+                f"tokens, top {self.topk} of up to {self.max_context} + tree keys, {cache} cache, on {self.target}")
+        if self.dense_shortcut:
+            return f"{head}: every key fits the top-k, so the dense verify ({self.dense_plan.rule})"
+        return (f"{head}, {self.tiles.name}: indexer {self.index_splits} splits ({self.tiles.indexer}), top-k collect "
+                f"{self.topk_splits} splits and resolve ({self.candidates} candidates a token), attention "
+                f"{self.attention_splits} splits ({self.attention_tile})")
 
 
 def plan_dsa_verify(batch_size: int, num_heads: int, max_draft_tokens: int, total_tokens: int, max_context: int,
                     target: Target | torch.device | str, *, topk: int = TOPK, index_heads: int = 32,
-                    d_v: int = 512, d_rope: int = 64, kv_fp8: bool = False) -> DSAPlan:
+                    d_v: int = 512, d_rope: int = 64, kv_fp8: bool = False,
+                    candidates: int | None = None) -> DSAPlan:
     """The DSA plan of a verify shape on a target (a device stands for `Target.detect(device)`)."""
     if min(batch_size, num_heads, max_draft_tokens, topk, index_heads) < 1 or max_context < 0:
         raise ValueError("plan_dsa_verify needs batch_size, num_heads, max_draft_tokens, topk, index_heads >= 1 and "
@@ -162,37 +208,54 @@ def plan_dsa_verify(batch_size: int, num_heads: int, max_draft_tokens: int, tota
     if not isinstance(target, Target):
         target = Target.detect(target)
     tiles = DSA_TABLES.get(target.capability, DSA_SM120) if target.capability else DSA_SM120
+    if candidates is not None and candidates < 1:
+        raise ValueError(f"candidates must be >= 1, got {candidates}")
     return DSAPlan(batch_size, num_heads, max_draft_tokens, total_tokens, max_context, target, tiles, topk,
-                   index_heads, d_v, d_rope, kv_fp8)
+                   index_heads, d_v, d_rope, kv_fp8, candidates)
 
 
 class DSAWorkspace:
-    """The caller's buffers for DSA verify calls up to one plan's size: logits rows, top-k state, the selected
-    slots and counts, and the attention's partials. Allocate once (before CUDA-graph capture) and reuse."""
+    """The caller's buffers for DSA verify calls up to one plan's size: logits rows, top-k state and candidates, the
+    selected slots and counts, the attention's partials, and for plans that take the dense shortcut the dense
+    verify's workspace and the tree's rows. Allocate once (before CUDA-graph capture) and reuse."""
 
-    def __init__(self, plan: DSAPlan, device: torch.device | str, *, splits: int | None = None):
+    def __init__(self, plan: DSAPlan, device: torch.device | str, *, splits: int | None = None,
+                 candidates: int | None = None, dense: list[VerifyPlan] | None = None):
         tokens = plan.total_tokens
         splits = max(plan.attention_splits, splits or 0)
-        self.plan_size = (tokens, plan.logits_width, plan.topk, plan.num_heads, splits, plan.d_v)
+        candidates = max(plan.candidates, candidates or 0)
+        self.plan_size = (tokens, plan.logits_width, plan.topk, plan.num_heads, splits, plan.d_v, candidates)
         self.logits = torch.empty((tokens, plan.logits_width), dtype=torch.float32, device=device)
         self.state = torch.zeros((tokens, STATE), dtype=torch.int32, device=device)
+        self.cand_key = torch.empty((tokens, candidates), dtype=torch.int32, device=device)
+        self.cand_slot = torch.empty((tokens, candidates), dtype=torch.int32, device=device)
         self.sel = torch.empty((tokens, plan.topk), dtype=torch.int32, device=device)
         self.sel_count = torch.empty(tokens, dtype=torch.int32, device=device)
         rows = tokens * plan.num_heads
         self.o_part = torch.empty((rows, splits, plan.d_v), dtype=torch.float32, device=device)
         self.lse_part = torch.empty((rows, splits), dtype=torch.float32, device=device)
+        dense = [p for p in (dense or [])] + ([plan.dense_plan] if plan.dense_shortcut else [])
+        self.dense = Workspace.for_plans(dense, device) if dense else None
+        # the tree's latent rows, as bytes (a 16-bit or an fp8 cache's: viewed as the cache's dtype at run time)
+        self.tree_rows = (torch.empty(max(p.total_tokens * (p.d_v + p.d_rope) for p in dense) * 2,
+                                      dtype=torch.uint8, device=device) if dense else None)
 
     @classmethod
     def for_plans(cls, plans: list[DSAPlan], device: torch.device | str) -> DSAWorkspace:
         """One workspace that every plan given fits (a backend's, for each batch size it captures): the most
         tokens and the widest logits row, with as many partials a row as the plan that splits most."""
         largest = max(plans, key=lambda p: (p.total_tokens, p.logits_width))
-        return cls(largest, device, splits=max(p.attention_splits for p in plans))
+        return cls(largest, device, splits=max(p.attention_splits for p in plans),
+                   candidates=max(p.candidates for p in plans), dense=[p.dense_plan for p in plans if p.dense_shortcut])
 
     def fits(self, plan: DSAPlan) -> bool:
-        tokens, width, topk, heads, splits, d_v = self.plan_size
+        tokens, width, topk, heads, splits, d_v, candidates = self.plan_size
+        if plan.dense_shortcut:
+            return (self.dense is not None and self.dense.fits(plan.dense_plan)
+                    and plan.total_tokens * (plan.d_v + plan.d_rope) * 2 <= self.tree_rows.numel())
         return (plan.total_tokens <= tokens and plan.logits_width <= width and plan.topk == topk
-                and plan.attention_splits <= splits and plan.d_v == d_v and plan.num_heads == heads)
+                and plan.attention_splits <= splits and plan.d_v == d_v and plan.num_heads == heads
+                and plan.candidates <= candidates)
 
 
 def run_dsa_verify(
@@ -214,41 +277,50 @@ def run_dsa_verify(
     k_scale=1.0,
     stages: tuple[str, ...] = STAGES,
 ) -> None:
-    """Indexer, top-k, sparse MLA, merge into `out`. No host synchronisation: graph-safe.
+    """Indexer, top-k, sparse MLA, merge into `out` (the dense verify where the plan takes its shortcut). No host
+    synchronisation: graph-safe.
 
     `stages`: a subset of STAGES to run alone (the benchmark times each; a stage reads what the one before it
-    left in the workspace)."""
+    left in the workspace). A dense-shortcut plan runs the dense verify for any of them."""
     if not workspace.fits(plan):
         raise ValueError(f"the DSA workspace was sized for {workspace.plan_size} (tokens, logits width, topk, heads, "
-                         "splits, d_v): allocate DSAWorkspace(plan, device) for this plan")
+                         "splits, d_v, candidates): allocate DSAWorkspace(plan, device) for this plan")
     if plan.target.interpreted != interpreting():
         raise ValueError(f"the plan was made for {plan.target}; plan with Target.detect(device) here")
-    if "indexer" in stages and (index_q.shape[-1] != INDEX_DIM or index_q.shape[1] != plan.index_heads):
-        raise ValueError(f"index_q must be [T, {plan.index_heads}, {INDEX_DIM}], got {tuple(index_q.shape)}")
     k_buf = kv_view(k_buf)
     if (k_buf.dtype == torch.float8_e4m3fn) != plan.kv_fp8:
         raise ValueError(f"the plan was made for kv_fp8={plan.kv_fp8}: plan_dsa_verify(..., kv_fp8="
                          f"{k_buf.dtype == torch.float8_e4m3fn})")
     if visibility.dtype == torch.bool:
         visibility = visibility.view(torch.uint8)
+    if plan.dense_shortcut:
+        _run_dense(plan, workspace, q, k_buf, kv_indptr, kv_indices, qo_indptr, tree_slots, visibility, out,
+                   sm_scale=sm_scale, k_scale=k_scale)
+        return
+    if "indexer" in stages and (index_q.shape[-1] != INDEX_DIM or index_q.shape[1] != plan.index_heads):
+        raise ValueError(f"index_q must be [T, {plan.index_heads}, {INDEX_DIM}], got {tuple(index_q.shape)}")
     index_k, index_s = index_views(index_buf)
     bs, tiles = plan.batch_size, plan.tiles
     ws = workspace
     if "indexer" in stages:
+        ws.state.zero_()  # the bucket histograms the indexer adds to (one memset)
         dsa_index_logits_kernel[(plan.token_blocks, plan.index_splits, bs)](
             index_q, index_weights, index_k, index_s, kv_indices, kv_indptr, qo_indptr, tree_slots, visibility,
-            ws.logits, tiles.min_chunk,
+            ws.logits, ws.state, tiles.min_chunk,
             index_q.stride(0), index_q.stride(1), index_weights.stride(0), index_k.stride(0), index_s.stride(0),
-            visibility.stride(0), ws.logits.stride(0), **plan.launch_constexprs["indexer"],
+            visibility.stride(0), ws.logits.stride(0), ws.state.stride(0), **plan.launch_constexprs["indexer"],
         )
     if "topk" in stages:
-        ws.state.zero_()
-        for step in range(5):
-            dsa_topk_kernel[(plan.max_draft_tokens, plan.topk_splits, bs)](
-                ws.logits, ws.state, ws.sel, ws.sel_count, kv_indices, kv_indptr, qo_indptr, tree_slots,
-                visibility, tiles.min_chunk, ws.logits.stride(0), ws.state.stride(0), ws.sel.stride(0),
-                visibility.stride(0), PASS=step, **plan.launch_constexprs["topk"],
-            )
+        dsa_topk_collect_kernel[(plan.max_draft_tokens, plan.topk_splits, bs)](
+            ws.logits, ws.state, ws.sel, ws.cand_key, ws.cand_slot, kv_indices, kv_indptr, qo_indptr, tree_slots,
+            visibility, tiles.min_chunk, ws.logits.stride(0), ws.state.stride(0), ws.sel.stride(0),
+            ws.cand_key.stride(0), visibility.stride(0), **plan.launch_constexprs["topk"],
+        )
+        dsa_topk_resolve_kernel[(plan.max_draft_tokens, bs)](
+            ws.logits, ws.state, ws.sel, ws.sel_count, ws.cand_key, ws.cand_slot, kv_indices, kv_indptr, qo_indptr,
+            tree_slots, visibility, ws.logits.stride(0), ws.state.stride(0), ws.sel.stride(0), ws.cand_key.stride(0),
+            visibility.stride(0), **plan.launch_constexprs["topk_resolve"],
+        )
     if "attention" not in stages:
         return
     k_s, _, scale_from_ptr = _scale_args(k_scale, k_scale)
@@ -266,6 +338,20 @@ def run_dsa_verify(
         o_part.stride(0), o_part.stride(1), lse_part.stride(0), out.stride(0), out.stride(1), 0,
         **plan.launch_constexprs["merge"],
     )
+
+
+def _run_dense(plan: DSAPlan, ws: DSAWorkspace, q, k_buf, kv_indptr, kv_indices, qo_indptr, tree_slots, visibility,
+               out, *, sm_scale: float, k_scale) -> None:
+    """The dense tree verify over the same keys (every one of them is selected): the tree's rows gathered from the
+    pool into the workspace (one launch), then the dense plan's launches."""
+    if tree_slots is None:
+        raise ValueError("the dense shortcut needs tree_slots (the tree's rows in the pool)")
+    T, width = q.shape[0], k_buf.shape[-1]
+    rows = ws.tree_rows[: T * width * k_buf.element_size()].view(k_buf.dtype).view(T, 1, width)
+    torch.index_select(k_buf, 0, tree_slots[:T], out=rows)
+    run_verify(plan.dense_plan, ws.dense, q, k_buf, k_buf[..., : plan.d_v], kv_indptr, kv_indices, rows,
+               rows[..., : plan.d_v], qo_indptr, out, mask_mode=MASK_COMPACT, mask=visibility, mask_indptr=None,
+               mask_row_stride=visibility.stride(0), sm_scale=sm_scale, k_scale=k_scale, v_scale=k_scale)
 
 
 def dsa_tree_verify(q, k_buf, kv_indptr, kv_indices, qo_indptr, tree_slots, visibility, index_q, index_weights,
@@ -292,12 +378,17 @@ def dsa_tree_verify(q, k_buf, kv_indptr, kv_indices, qo_indptr, tree_slots, visi
 DSA_KERNELS = {
     "indexer": (dsa_index_logits_kernel, dict(
         IQ="*fp8e4nv", IW="*fp32", index_k="*fp8e4nv", index_s="*fp32", kv_indices="*i64", kv_indptr="*i32",
-        qo_indptr="*i32", tree_slots="*i64", vis="*u8", Logits="*fp32", min_chunk="i32", stride_iqt="i32",
-        stride_iqh="i32", stride_iwt="i32", stride_ik="i32", stride_is="i32", stride_vis="i32", stride_lt="i32")),
-    "topk": (dsa_topk_kernel, dict(
-        Logits="*fp32", State="*i32", Sel="*i32", SelCount="*i32", kv_indices="*i64", kv_indptr="*i32",
-        qo_indptr="*i32", tree_slots="*i64", vis="*u8", min_chunk="i32", stride_lt="i32", stride_st="i32",
-        stride_selt="i32", stride_vis="i32")),
+        qo_indptr="*i32", tree_slots="*i64", vis="*u8", Logits="*fp32", State="*i32", min_chunk="i32",
+        stride_iqt="i32", stride_iqh="i32", stride_iwt="i32", stride_ik="i32", stride_is="i32", stride_vis="i32",
+        stride_lt="i32", stride_st="i32")),
+    "topk": (dsa_topk_collect_kernel, dict(
+        Logits="*fp32", State="*i32", Sel="*i32", CandKey="*i32", CandSlot="*i32", kv_indices="*i64",
+        kv_indptr="*i32", qo_indptr="*i32", tree_slots="*i64", vis="*u8", min_chunk="i32", stride_lt="i32",
+        stride_st="i32", stride_selt="i32", stride_ct="i32", stride_vis="i32")),
+    "topk_resolve": (dsa_topk_resolve_kernel, dict(
+        Logits="*fp32", State="*i32", Sel="*i32", SelCount="*i32", CandKey="*i32", CandSlot="*i32",
+        kv_indices="*i64", kv_indptr="*i32", qo_indptr="*i32", tree_slots="*i64", vis="*u8", stride_lt="i32",
+        stride_st="i32", stride_selt="i32", stride_ct="i32", stride_vis="i32")),
     "attention": (dsa_sparse_mla_kernel, dict(
         Q="*bf16", K_buf="*KV", Sel="*i32", SelCount="*i32", qo_indptr="*i32", O_part="*fp32", LSE_part="*fp32",
         k_scale="fp32", qk_scale_log2="fp32", min_chunk="i32", stride_qt="i32", stride_qh="i32", stride_ks="i32",

@@ -1,31 +1,41 @@
-"""Tree-aware top-k of the indexer's logits: a radix select over their bits, then a compaction into slots.
+"""Tree-aware top-k of the indexer's logits: a bucket histogram fused into the indexer, then two launches.
 
-Each token keeps its `TOPK` best visible keys (all of them where fewer are visible). A logit's fp32 bits, made
-order-preserving (`sort_key`), are selected one byte at a time from the top: pass j (0-3) counts the keys whose
-higher bytes equal the prefix chosen so far into a 256-bin histogram of the next byte (many programs a token,
-one atomic add of their local histogram each); each program of the next pass walks the histograms so far to the
-byte holding the k-th key (`chosen_prefix`), which no program has to publish. The last pass writes the selected
-keys' slots: every key above the threshold, then as many keys equal to it as are still needed (ties at the
-threshold in no fixed order: reference.py says why that does not matter). Fixed grids, no host sync: CUDA-graph
-safe. The histograms and counters are zeroed before each call (launcher).
+Each token keeps its `TOPK` best visible keys (all of them where at most `TOPK` are visible). A logit's fp32 bits,
+made order-preserving (`sort_key`), fall in one of 256 `bucket`s: its sign, then half-binades of its magnitude
+from 2^-32 to 2^32 (magnitudes outside land in the end buckets), so a bucket's width is a fixed ratio of the value,
+whatever the logits' scale. Passes over a token's row:
 
-Invisible keys hold -inf (indexer.py), whose sort key is below every finite logit's, so they are never chosen.
+0. the indexer (indexer.py) adds each program's per-token bucket histogram into `State[t, :256]` as it writes the
+   logits (no pass of its own);
+1. `dsa_topk_collect_kernel`, many programs a token (fixed grid: tokens x splits x requests): each walks the
+   histogram to the boundary bucket B (the one holding the k-th key) and reads its share of the row once, writing
+   the slot of every key above B into the selection and appending each key of B (its sort key and slot) to the
+   token's candidate buffer, `CANDIDATES` entries. Where B holds exactly the keys still needed it is written whole,
+   and a take-all token writes all its visible keys here;
+2. `dsa_topk_resolve_kernel`, one program a token: a radix select (four 8-bit rounds over the full sort key) among
+   B's candidates, then their chosen slots written; it sets the count and clears the token's counters.
+
+The bound: B holds the k-th key and every key tied with it in its bucket. The histogram says how many (`in_bin`)
+before anything is appended, so overflow is known, not detected: where B holds more than `CANDIDATES` keys the
+collect pass appends nothing and the resolve program runs the same radix select over the token's whole row (keys
+of B only), a single program's slow but exact fallback (many near-equal logits, or logits outside 2^+-32). No
+entry is ever written past the buffer, and no key of B is ever dropped (sglang #36807 was a top-k that kept
+appending past its buffer and returned the wrong set).
+
+Launches: the state is zeroed once before the indexer (a memset), then collect and resolve: two top-k kernels
+after the indexer, where there were five (four histogram passes and a write pass). Fixed grids, no host sync:
+CUDA-graph safe. Ties at the threshold are taken in no fixed order (reference.py says why that does not matter).
+Invisible keys hold -inf (indexer.py), below every finite logit, so they are never chosen.
 """
 
 import triton
 import triton.language as tl
 
+from .buckets import BINS, bucket, sort_key
 from .indexer import key_slots, request_keys
 
-BINS = tl.constexpr(256)
-STATE = 4 * 256 + 2  # int32 a token: four histograms, then the two write counters of the last pass
-
-
-@triton.jit
-def sort_key(logits):
-    """fp32 -> uint32 with the same order (negative values flipped, the sign bit set on the others)."""
-    bits = logits.to(tl.uint32, bitcast=True)
-    return tl.where((bits >> 31) != 0, ~bits, bits | 0x80000000)
+COUNTERS = 2  # after the histogram: keys written above the boundary bucket, candidates appended
+STATE = 256 + COUNTERS  # int32 a token
 
 
 @triton.jit
@@ -37,37 +47,36 @@ def visible_keys(vis, stride_vis, token, prefix_len, n_tok, N_MAX: tl.constexpr)
 
 
 @triton.jit
-def chosen_prefix(state, k, PASSES: tl.constexpr):
-    """(prefix, k_left, depth): the top bytes of the k-th largest sort key fixed by the first PASSES histograms, how
-    many keys equal to that prefix are still to be taken, and how many bytes the prefix has. The walk stops at the
-    first byte whose bin holds exactly the keys still needed: all of them are taken, and later passes (which then
-    find nothing to count) are skipped."""
+def boundary_bucket(state, k):
+    """(B, k_left, in_bin): the bucket holding the k-th largest key, how many of its keys are still to be taken
+    after every key above it, and how many keys it holds."""
     offs = tl.arange(0, BINS)
-    prefix = tl.zeros([], dtype=tl.uint32)
-    k_left = k
-    depth = tl.zeros([], dtype=tl.int32)
-    done = k < 0  # a 0-d False
-    for j in tl.static_range(PASSES):
-        hist = tl.load(state + j * BINS + (BINS - 1 - offs))  # bins from the top byte value down
-        above = tl.cumsum(hist, 0)  # keys in this bin and the ones above it
-        first = tl.min(tl.where(above >= k_left, offs, BINS), 0)  # the bin holding the k_left-th key
-        before = tl.sum(tl.where(offs < first, hist, 0), 0)
-        in_bin = tl.sum(tl.where(offs == first, hist, 0), 0)
-        byte = (BINS - 1) - first.to(tl.int32)  # the chosen bin's byte value
-        prefix = tl.where(done, prefix, prefix | (byte.to(tl.uint32) << (24 - 8 * j)))
-        k_left = tl.where(done, k_left, k_left - before)
-        depth = tl.where(done, depth, depth + 1)
-        done = done | (in_bin == k_left)
-    return prefix, k_left, depth
+    hist = tl.load(state + (BINS - 1 - offs))  # buckets from the top down
+    above = tl.cumsum(hist, 0)  # keys in this bucket and the ones above it
+    first = tl.min(tl.where(above >= k, offs, BINS), 0)
+    before = tl.sum(tl.where(offs < first, hist, 0), 0)
+    in_bin = tl.sum(tl.where(offs == first, hist, 0), 0)
+    return (BINS - 1) - first.to(tl.int32), k - before, in_bin
 
 
 @triton.jit
-def dsa_topk_kernel(
-    Logits, State, Sel, SelCount, kv_indices, kv_indptr, qo_indptr, tree_slots, vis, min_chunk,
-    stride_lt, stride_st, stride_selt, stride_vis,
-    TOPK: tl.constexpr, PASS: tl.constexpr, N_MAX: tl.constexpr, BLOCK: tl.constexpr,
+def _append(sel, counter, chosen, values, limit):
+    """Write `values` where `chosen` at the next free places of `sel` (an atomic counter), none at or past `limit`."""
+    n = tl.sum(chosen.to(tl.int32), 0)
+    if n > 0:
+        base = tl.atomic_add(counter, n)
+        rank = base + tl.cumsum(chosen.to(tl.int32), 0) - 1
+        tl.store(sel + rank, values, mask=chosen & (rank < limit))
+
+
+@triton.jit
+def dsa_topk_collect_kernel(
+    Logits, State, Sel, CandKey, CandSlot, kv_indices, kv_indptr, qo_indptr, tree_slots, vis, min_chunk,
+    stride_lt, stride_st, stride_selt, stride_ct, stride_vis,
+    TOPK: tl.constexpr, CANDIDATES: tl.constexpr, N_MAX: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """PASS 0-3: the byte histograms; PASS 4: write the selected slots (Sel [T, TOPK], SelCount [T])."""
+    """Keys above the boundary bucket (or every visible key of a take-all token) into Sel; the bucket's into the
+    candidate buffer where they fit it."""
     i = tl.program_id(0)
     split = tl.program_id(1)
     req = tl.program_id(2)
@@ -78,63 +87,138 @@ def dsa_topk_kernel(
     token = q_start + i
     visible = visible_keys(vis, stride_vis, token, prefix_len, n_tok, N_MAX)
     take_all = visible <= TOPK
-    k = tl.minimum(visible, TOPK)
-    if PASS < 4 and take_all:
-        return
     state = State + token.to(tl.int64) * stride_st
     row = Logits + token.to(tl.int64) * stride_lt
-    if PASS < 4:
-        prefix, _, depth = chosen_prefix(state, k, PASS)
-        if depth < PASS:  # the top-k boundary is resolved: nothing left to count
-            return
-        hist = tl.zeros([BINS], dtype=tl.int32)
-        misses = tl.zeros([], dtype=tl.int32)
+    sel = Sel + token.to(tl.int64) * stride_selt
+    if take_all:
+        # every visible key, read from the visibility (the indexer scores no request whose keys all fit)
+        for p0 in range(lo, hi, BLOCK):
+            pos = p0 + tl.arange(0, BLOCK)
+            ok = pos < hi
+            tree_pos = pos - prefix_len
+            seen = tl.load(vis + token.to(tl.int64) * stride_vis + tree_pos, mask=ok & (tree_pos >= 0), other=1)
+            chosen = ok & (seen != 0)
+            slots = key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, pos, chosen)
+            _append(sel, state + BINS, chosen, slots.to(Sel.dtype.element_ty), TOPK)
+    else:
+        b_top, k_left, in_bin = boundary_bucket(state, tl.minimum(visible, TOPK))
+        whole = in_bin == k_left  # the bucket holds exactly the keys still needed: all of them are taken
+        collect = (in_bin <= CANDIDATES) & (in_bin != k_left)
+        cand_key = CandKey + token.to(tl.int64) * stride_ct
+        cand_slot = CandSlot + token.to(tl.int64) * stride_ct
         for p0 in range(lo, hi, BLOCK):
             pos = p0 + tl.arange(0, BLOCK)
             ok = pos < hi
             key = sort_key(tl.load(row + pos, mask=ok, other=float("-inf")))
-            if PASS == 0:
-                match = ok
-            else:
-                match = ok & ((key >> (32 - 8 * PASS)) == (prefix >> (32 - 8 * PASS)))
-            digit = ((key >> (24 - 8 * PASS)) & 0xFF).to(tl.int32)
-            # misses count in bin 0 and come off it after the loop: a histogram's cost grows with its bins
-            hist += tl.histogram(tl.where(match, digit, 0), BINS)
-            misses += tl.sum((match == 0).to(tl.int32), 0)
+            b = bucket(key)
+            # (masks built from full-width comparisons: the interpreter holds a mask and-ed with a scalar test as
+            # int32, which a load refuses)
+            flag_whole = (pos * 0 + whole.to(tl.int32)) > 0
+            flag_collect = (pos * 0 + collect.to(tl.int32)) > 0
+            above = ok & ((b > b_top) | ((b == b_top) & flag_whole))
+            cand = ok & (b == b_top) & flag_collect
+            slots = key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, pos, above | cand)
+            _append(sel, state + BINS, above, slots.to(Sel.dtype.element_ty), TOPK)
+            n_cand = tl.sum(cand.to(tl.int32), 0)
+            if n_cand > 0:
+                rank = tl.atomic_add(state + BINS + 1, n_cand) + tl.cumsum(cand.to(tl.int32), 0) - 1
+                fits = cand & (rank < CANDIDATES)  # always, as the histogram said: a guard, not a path
+                tl.store(cand_key + rank, key.to(tl.int32, bitcast=True), mask=fits)
+                tl.store(cand_slot + rank, slots.to(tl.int32), mask=fits)
+
+
+@triton.jit
+def _items(row, cand_key, p0, n, b_top, from_row, BLOCK: tl.constexpr):
+    """(positions, sort keys, valid) of items p0..p0+BLOCK: the candidate buffer's, or the row's keys of the
+    boundary bucket (the overflow fallback)."""
+    idx = p0 + tl.arange(0, BLOCK)
+    in_range = idx < n
+    row_mask = in_range & ((idx * 0 + from_row.to(tl.int32)) > 0)
+    cand_mask = in_range & ((idx * 0 + from_row.to(tl.int32)) == 0)
+    from_logits = sort_key(tl.load(row + idx, mask=row_mask, other=float("-inf")))
+    from_cands = tl.load(cand_key + idx, mask=cand_mask, other=0).to(tl.uint32, bitcast=True)
+    key = tl.where(row_mask, from_logits, from_cands)
+    valid = cand_mask | (row_mask & (bucket(key) == b_top))
+    return idx, key, valid
+
+
+@triton.jit
+def dsa_topk_resolve_kernel(
+    Logits, State, Sel, SelCount, CandKey, CandSlot, kv_indices, kv_indptr, qo_indptr, tree_slots, vis,
+    stride_lt, stride_st, stride_selt, stride_ct, stride_vis,
+    TOPK: tl.constexpr, CANDIDATES: tl.constexpr, N_MAX: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """The boundary bucket's k_left best keys into Sel after the keys above it; SelCount; the counters cleared."""
+    i = tl.program_id(0)
+    req = tl.program_id(1)
+    q_start = tl.load(qo_indptr + req).to(tl.int32)
+    n_tok = tl.load(qo_indptr + req + 1).to(tl.int32) - q_start
+    if i >= n_tok:
+        return
+    token = q_start + i
+    kv_start = tl.load(kv_indptr + req).to(tl.int64)
+    prefix_len = (tl.load(kv_indptr + req + 1).to(tl.int64) - kv_start).to(tl.int32)
+    visible = visible_keys(vis, stride_vis, token, prefix_len, n_tok, N_MAX)
+    k = tl.minimum(visible, TOPK)
+    state = State + token.to(tl.int64) * stride_st
+    b_top, k_left, in_bin = boundary_bucket(state, k)
+    if (visible > TOPK) & (in_bin != k_left):
+        base = k - k_left  # the keys above the bucket, written by the collect pass
+        from_row = in_bin > CANDIDATES  # the bucket did not fit the buffer: select from the row itself
+        n = tl.where(from_row, prefix_len + n_tok, in_bin)
+        row = Logits + token.to(tl.int64) * stride_lt
+        cand_key = CandKey + token.to(tl.int64) * stride_ct
+        cand_slot = CandSlot + token.to(tl.int64) * stride_ct
         offs = tl.arange(0, BINS)
-        hist -= tl.where(offs == 0, misses, 0)
-        tl.atomic_add(state + PASS * BINS + offs, hist, mask=hist > 0)
-    else:
-        if take_all:
-            thr = sort_key(tl.full([], float("-inf"), tl.float32))  # every finite logit is above it
-            k_left = tl.zeros([], dtype=tl.int32)
-            shift = tl.zeros([], dtype=tl.int32)
-        else:
-            thr, k_left, depth = chosen_prefix(state, k, 4)
-            shift = 32 - 8 * depth  # compare the bytes the walk fixed: a resolved bin is taken whole
-        thr_top = (thr >> shift.to(tl.uint32))
-        taken_above = k - k_left  # keys strictly above the threshold, all taken
+        # radix select over the 32-bit sort key: each round fixes one byte of the k_left-th key among the items
+        # whose higher bytes equal the prefix so far, and stops once its byte's bin holds exactly the keys needed
+        prefix = tl.zeros([], dtype=tl.uint32)
+        depth = tl.zeros([], dtype=tl.int32)
+        active = tl.full([], 1, dtype=tl.int32)
+        for j in tl.static_range(4):
+            if active == 1:
+                hist = tl.zeros([BINS], dtype=tl.int32)
+                misses = tl.zeros([], dtype=tl.int32)
+                for p0 in range(0, n, BLOCK):
+                    _, key, valid = _items(row, cand_key, p0, n, b_top, from_row, BLOCK)
+                    if j == 0:
+                        match = valid
+                    else:
+                        match = valid & ((key >> (32 - 8 * j)) == (prefix >> (32 - 8 * j)))
+                    digit = ((key >> (24 - 8 * j)) & 0xFF).to(tl.int32)
+                    hist += tl.histogram(tl.where(match, digit, 0), BINS)
+                    misses += tl.sum((match == 0).to(tl.int32), 0)
+                hist -= tl.where(offs == 0, misses, 0)
+                at_least = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # keys with this digit or a higher one
+                digit = tl.max(tl.where(at_least >= k_left, offs, 0), 0)
+                higher = tl.sum(tl.where(offs > digit, hist, 0), 0)
+                in_digit = tl.sum(tl.where(offs == digit, hist, 0), 0)
+                prefix = prefix | (digit.to(tl.uint32) << (24 - 8 * j))
+                k_left -= higher
+                depth += 1
+                active = tl.where(in_digit == k_left, 0, 1)
+        # every item above the threshold's bytes, then as many equal to them as are still needed, in item order
+        shift = (32 - 8 * depth).to(tl.uint32)
+        thr = prefix >> shift
+        taken = base
+        ties = tl.zeros([], dtype=tl.int32)
         sel = Sel + token.to(tl.int64) * stride_selt
-        for p0 in range(lo, hi, BLOCK):
-            pos = p0 + tl.arange(0, BLOCK)
-            ok = pos < hi
-            key = sort_key(tl.load(row + pos, mask=ok, other=float("-inf"))) >> shift.to(tl.uint32)
-            above = ok & (key > thr_top)
-            # (masks built from full-width comparisons: the interpreter holds a mask and-ed with a scalar test, or
-            # or-ed with another mask, as int32, which a load refuses)
-            tie = ok & (key == thr_top) & ((pos * 0 + k_left) > 0)
-            chosen = (above.to(tl.int32) + tie.to(tl.int32)) > 0
-            slots = key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, pos, chosen)
-            n_above = tl.sum(above.to(tl.int32), 0)
-            n_tie = tl.sum(tie.to(tl.int32), 0)
-            if n_above > 0:
-                base = tl.atomic_add(state + 4 * BINS, n_above)
-                rank = tl.cumsum(above.to(tl.int32), 0) - 1
-                tl.store(sel + base + rank, slots.to(Sel.dtype.element_ty), mask=above)
-            if n_tie > 0:
-                base = tl.atomic_add(state + 4 * BINS + 1, n_tie)
-                rank = base + tl.cumsum(tie.to(tl.int32), 0) - 1
-                wanted = (tie.to(tl.int32) * (rank < k_left).to(tl.int32)) > 0
-                tl.store(sel + taken_above + rank, slots.to(Sel.dtype.element_ty), mask=wanted)
-        if split == 0:
-            tl.store(SelCount + token, k)
+        for p0 in range(0, n, BLOCK):
+            idx, key, valid = _items(row, cand_key, p0, n, b_top, from_row, BLOCK)
+            top = key >> shift  # depth >= 1: shift <= 24
+            above = valid & (top > thr)
+            tie = valid & (top == thr)
+            tie_rank = ties + tl.cumsum(tie.to(tl.int32), 0) - 1
+            chosen = above | (tie & (tie_rank < k_left))
+            ties += tl.sum(tie.to(tl.int32), 0)
+            row_mask = chosen & ((idx * 0 + from_row.to(tl.int32)) > 0)
+            cand_mask = chosen & ((idx * 0 + from_row.to(tl.int32)) == 0)
+            slot_row = key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, idx, row_mask)
+            slot_cand = tl.load(cand_slot + idx, mask=cand_mask, other=0)
+            slots = tl.where(row_mask, slot_row, slot_cand.to(tl.int64))
+            rank = taken + tl.cumsum(chosen.to(tl.int32), 0) - 1
+            tl.store(sel + rank, slots.to(Sel.dtype.element_ty), mask=chosen & (rank < TOPK))
+            taken += tl.sum(chosen.to(tl.int32), 0)
+    tl.store(SelCount + token, k)
+    offs_c = tl.arange(0, 2)
+    tl.store(state + BINS + offs_c, tl.zeros([2], dtype=tl.int32))

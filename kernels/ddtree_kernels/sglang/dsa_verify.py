@@ -88,6 +88,7 @@ class DSAVerify:
         self.max_context, self.width, self.target = max_context, width, target
         self.skip_layers = skip_layers
         self.staged: StagedQuery | None = None
+        self.tree_slots: torch.Tensor | None = None  # the step's, kept for layers that reuse a selection
         self.workspace: DSAWorkspace | None = None
         self._plans: dict[tuple[int, int, int], DSAPlan] = {}
         self._prefill: DSAPrefill | None = None
@@ -171,11 +172,12 @@ class DSAVerify:
         index_buf = index_buf.view(-1, INDEX_ROW_BYTES)
         out = o.view(T, H, -1)
         if staged is not None and staged.layer_id == layer_id:
+            self.tree_slots = staged.tree_slots
             run_dsa_verify(plan, workspace, q, k_buffer, kv_indptr, kv_indices, qo_indptr, staged.tree_slots,
                            tree_rows, staged.index_q, staged.index_weights, index_buf, out, sm_scale=sm_scale)
             self.staged = None
-        else:  # a layer that reuses the previous layer's selection (still in the workspace)
-            run_dsa_verify(plan, workspace, q, k_buffer, kv_indptr, kv_indices, qo_indptr, None, tree_rows,
+        else:  # a layer that reuses the previous layer's selection (still in the workspace; or the dense shortcut)
+            run_dsa_verify(plan, workspace, q, k_buffer, kv_indptr, kv_indices, qo_indptr, self.tree_slots, tree_rows,
                            None, None, index_buf, out, sm_scale=sm_scale, stages=("attention",))
         return True
 

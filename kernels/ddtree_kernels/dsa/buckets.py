@@ -1,0 +1,34 @@
+"""What the indexer's epilogue and the top-k share: an order-preserving sort key of a logit and its bucket.
+
+`sort_key` maps fp32 to uint32 with the same order. `bucket` maps the sort key to 0-255, non-decreasing: its sign,
+then half-binades of the magnitude (8 exponent bits and 1 mantissa bit) from 2^-32 to 2^32, the magnitudes outside
+clamped into the end buckets. A bucket is a fixed ratio of the value wide (x1.5 or x1.33), whatever the logits'
+scale, so the bucket holding a row's k-th largest logit holds few keys (about 2% of a row of normal logits at the top
+1%); where logits fall outside the window or crowd one bucket, the top-k's candidate buffer overflows and its exact
+fallback runs (topk.py).
+"""
+
+import triton
+import triton.language as tl
+
+BINS = tl.constexpr(256)
+# The buckets' window: sign, 8 exponent bits and 1 mantissa bit of the magnitude (sort_key >> 22, 10 bits), with
+# 128 buckets a sign covering 2^-32 .. 2^32.
+_WINDOW_LO = tl.constexpr(2 * (127 - 32))
+
+
+@triton.jit
+def sort_key(logits):
+    """fp32 -> uint32 with the same order (negative values flipped, the sign bit set on the others)."""
+    bits = logits.to(tl.uint32, bitcast=True)
+    return tl.where((bits >> 31) != 0, ~bits, bits | 0x80000000)
+
+
+@triton.jit
+def bucket(key):
+    """A sort key's bucket, 0-255, non-decreasing in the key: 128-255 the positive half-binades 2^-32 .. 2^32 (the
+    rest of the positives clamped into the end ones), 0-127 the negative ones mirrored (-inf in 0)."""
+    t = (key >> 22).to(tl.int32)  # sign, exponent, one mantissa bit
+    pos = tl.minimum(tl.maximum(t - 512 - _WINDOW_LO, 0), 127)
+    neg = tl.minimum(tl.maximum(511 - t - _WINDOW_LO, 0), 127)
+    return tl.where(t >= 512, 128 + pos, 127 - neg)
