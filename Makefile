@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 PYTEST_ARGS ?=
 
-.PHONY: help setup test test-gpu test-sglang-gpu gpu-carry test-server-gpu lint fit wheel clean bench-kernels sglang-wheel release-job smoke-test bench \
+.PHONY: help setup test test-gpu test-sglang-gpu gpu-carry test-server-gpu train-pair lint fit wheel clean bench-kernels sglang-wheel release-job smoke-test bench \
 	deploy check rollback testhost testhost-up testhost-down
 
 help:  ## list the targets
@@ -67,6 +67,13 @@ gpu-carry: setup  ## pack into .gpu/ what test-server-gpu needs on a GPU machine
 
 test-server-gpu:  ## on a CUDA machine, after gpu-carry: the production launch served for real, smoke, bench, profiles
 	PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m tests.server_gpu.e2e $(E2E_ARGS)
+
+# A target in GLM-5's architecture and its DFlash drafter, trained on one GPU in ~4 minutes (tests/server_gpu/
+# train_pair.py) into .gpu/models-trained, where `make test-server-gpu E2E_ARGS="--stand-in trained ..."` serves
+# them (and trains them first where they are missing). TRAIN_ARGS, e.g. "--seed 1 --out DIR".
+TRAIN_ARGS ?=
+train-pair:  ## on a CUDA machine: train the pair the real-server run serves with --stand-in trained
+	PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m tests.server_gpu.train_pair $(TRAIN_ARGS)
 
 SGLANG_VERSION ?= 0.5.23
 SGLANG_WHEEL ?= $(firstword $(wildcard .cache/wheels/sglang-$(SGLANG_VERSION)-*.whl))

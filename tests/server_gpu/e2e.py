@@ -45,6 +45,7 @@ from pathlib import Path
 
 import requests
 
+from . import corpus
 from .models import DEFAULT_STAND_IN, STAND_INS
 from .report import first_difference
 
@@ -58,6 +59,10 @@ CONTEXTS = [8192, 32768, 65536, 131072, 185000]
 SAME_TOKEN_CONTEXTS = [8192, 131072]
 PROFILE_CONTEXTS = [8192, 185000]
 REPLACED = {"--model-path", "--speculative-draft-model-path", "--tp", "--port"}
+TRAINED = "trained"  # the stand-in train_pair.py trains (make train-pair); the others are models.py's random ones
+# Which prompts the stages send: the random ids ddtree-ops bench draws, or the trained pair's copy prompts
+# (corpus.serve_prompt). main() sets it from --stand-in.
+PROMPTS = {"trained": False}
 
 
 def log(msg: str) -> None:
@@ -109,10 +114,23 @@ def gpu_description() -> str:
     return run([PY, "-c", probe], "the GPU").stdout.strip()
 
 
-def make_models(stand_in: str) -> dict[str, Path]:
+def train_models(root: Path, train_args: list[str]) -> dict:
+    """The trained pair (train_pair.py) into root, unless a previous call left it there; its measures."""
+    if not (root / ".complete").exists():
+        cmd = [PY, "-m", "tests.server_gpu.train_pair", "--out", root, *train_args]
+        log(f"training the pair: {' '.join(map(str, cmd))}")
+        proc = subprocess.run([str(c) for c in cmd], cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        if proc.returncode:
+            raise RuntimeError(f"training the pair failed ({proc.returncode})")
+    return json.loads((root / "train.json").read_text())
+
+
+def make_models(stand_in: str, train_args: list[str] = ()) -> dict[str, Path]:
     root = GPU / f"models-{stand_in}"
     paths = {"target": root / "target", "drafter": root / "drafter", "view": root / "target-dense-mla"}
-    if not (root / ".complete").exists():
+    if stand_in == TRAINED:
+        train_models(root, list(train_args))
+    elif not (root / ".complete").exists():
         run([PY, "-c", "from tests.server_gpu.models import make_models; from pathlib import Path; "
              f"make_models(Path({str(root)!r}), stand_in={stand_in!r})"], f"making the {stand_in} models", cwd=REPO)
         (root / ".complete").touch()
@@ -278,8 +296,12 @@ def record_answers(url: str) -> dict:
 def bench_prompt(context: int) -> list[int]:
     """The prompt `ddtree-ops bench` sends first at this context (concurrency 1, round 0, request 0): its
     prefix is cached, so the token and profile stages prefill nothing. Kept equal to
-    ddtree_ops.throughput.prompt_ids (a test checks), which this machine's Python cannot import."""
+    ddtree_ops.throughput.prompt_ids (a test checks), which this machine's Python cannot import. For the
+    trained pair, the copy prompt of its held-out text (corpus.serve_prompt), which its bench sends too."""
     import random
+
+    if PROMPTS["trained"]:
+        return corpus.serve_prompt(context)
 
     rng = random.Random(hash((context, 1, 0, 0)))
     return [rng.randrange(100, 32000) for _ in range(context)]
@@ -469,10 +491,9 @@ def run_kernel(kernel: str, models: dict[str, Path], out: Path, deadline: float,
             if smoke.returncode:
                 result["failed"].append("smoke: " + smoke.stdout.strip().splitlines()[-1] if smoke.stdout else "smoke")
         contexts = args.contexts if algorithm == "DDTREE" else args.chain_contexts or args.contexts
-        bench = stage("bench", lambda: run([OPS, "bench", "--endpoint", server.url, "--contexts",
-                                            ",".join(map(str, contexts)), "--concurrency", "1", "--rounds", "1",
-                                            "--output-len", str(args.output_len), "--out", run_dir / "bench"],
-                                           "bench"), min_left_s=60)
+        bench_args = ["bench", "--endpoint", server.url, "--contexts", ",".join(map(str, contexts)), "--concurrency",
+                      "1", "--rounds", "1", "--output-len", str(args.output_len), "--out", run_dir / "bench"]
+        bench = stage("bench", lambda: run(bench_command(bench_args), "bench", cwd=REPO), min_left_s=60)
         if bench is not None:
             log(bench.stdout[-2500:])
         tokens = {}
@@ -494,6 +515,18 @@ def run_kernel(kernel: str, models: dict[str, Path], out: Path, deadline: float,
         server.stop()
         (run_dir / "result.json").write_text(json.dumps(result, indent=1, default=str))
     return result
+
+
+def bench_command(bench_args: list) -> list:
+    """`ddtree-ops bench` itself; for the trained pair the same client with its prompt ids replaced by the copy
+    prompts (ddtree_ops.throughput.prompt_ids: the random ids it draws are not the pair's text, and most lie
+    outside its byte vocabulary)."""
+    if not PROMPTS["trained"]:
+        return [OPS, *bench_args]
+    code = ("import sys; import ddtree_ops.throughput as t; from tests.server_gpu import corpus; "
+            "t.prompt_ids = lambda context, vocab, seed: corpus.serve_prompt(context); "
+            "from ddtree_ops.cli import main; sys.exit(main(sys.argv[1:]))")
+    return [PY, "-c", code, *bench_args]
 
 
 def pack(out: Path, dest: Path, runs: list[str]) -> None:
@@ -542,8 +575,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--same-tokens", type=int, default=48)
     ap.add_argument("--profile-steps", type=int, default=8)
     ap.add_argument("--record-answers", default="ddtree", help="the kernel whose server's answers are recorded")
-    ap.add_argument("--stand-in", choices=sorted(STAND_INS), default=DEFAULT_STAND_IN,
-                    help="the target stand-in (tests/server_gpu/models.py): glm5-weight is GLM-5's per-GPU work a step")
+    ap.add_argument("--stand-in", choices=[*sorted(STAND_INS), TRAINED], default=DEFAULT_STAND_IN,
+                    help="the target stand-in (tests/server_gpu/models.py): glm5-weight is GLM-5's per-GPU work a "
+                         "step; trained: the pair train_pair.py trains (make train-pair), trained first where "
+                         ".gpu/models-trained lacks it, served with its copy prompts")
+    ap.add_argument("--train-args", type=shlex.split, default=[],
+                    help="with --stand-in trained: arguments for train_pair.py where it trains, e.g. '--seed 1'")
     ap.add_argument("--attention", choices=["dense-view", "dsa"], default="dense-view",
                     help="how the DSA stand-in is served: dense-view (production today) or dsa (its sparse attention, "
                          "patch 0007; runs named <kernel>-dsa)")
@@ -569,9 +606,15 @@ def main(argv: list[str] | None = None) -> int:
         summary["setup"] = setup()
         summary["gpu"] = gpu_description()
         log(f"setup done in {time.monotonic() - t0:.1f} s")
-        summary["stand_in"] = {"name": args.stand_in, "layers": STAND_INS[args.stand_in].layers,
-                               "mlp_width": STAND_INS[args.stand_in].mlp_width}
-        models = make_models(args.stand_in)
+        PROMPTS["trained"] = args.stand_in == TRAINED
+        models = make_models(args.stand_in, args.train_args)
+        if args.stand_in == TRAINED:
+            trained = json.loads((models["target"].parent / "train.json").read_text())
+            summary["stand_in"] = {"name": TRAINED, "layers": trained["sizes"]["layers"],
+                                   "mlp_width": trained["sizes"]["mlp"], "training": trained}
+        else:
+            summary["stand_in"] = {"name": args.stand_in, "layers": STAND_INS[args.stand_in].layers,
+                                   "mlp_width": STAND_INS[args.stand_in].mlp_width}
         log(f"models done at {time.monotonic() - t0:.1f} s")
         for (kernel, algorithm), name in zip(runs, names, strict=True):
             summary["kernels"][name] = run_kernel(kernel, models, args.out, deadline, args, algorithm)

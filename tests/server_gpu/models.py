@@ -193,6 +193,11 @@ def write_tokenizer(folder: Path) -> None:
     tok.add_special_tokens(SPECIAL)
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
+    write_tokenizer_config(folder)
+
+
+def write_tokenizer_config(folder: Path) -> None:
+    """tokenizer_config.json (the special tokens, a chat template) and generation_config.json beside a tokenizer."""
     template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
     (folder / "tokenizer_config.json").write_text(json.dumps({
