@@ -158,7 +158,7 @@ testhost: setup  ## start the local test host ct-test-1 and its DDTree git sourc
 
 testhost-up: testhost  ## the same as make testhost
 
-testhost-down:  ## remove the local test host (kills only its own processes)
+testhost-down:  ## remove every test-host namespace on this machine (ddt-host1 and every test run's, a running test's too), their processes and links
 	$(PY) -m tests.support.testhost down --dir $(TESTHOST_DIR)
 
 clean:  ## remove build outputs (keeps .venv)

@@ -10,6 +10,7 @@
     ddtree-ops model-view CHECKPOINT VIEW [--json]
     ddtree-ops venv-record write|check [--record FILE] [--patches DIR]
     ddtree-ops bench --endpoint URL [--contexts 8192,...] [--concurrency 1,4] [--out DIR] [--previous FILE]
+                     [--deadline S] [--release ID]
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from pathlib import Path
 
 from . import patchtool
 from .series import patches_dir
+
+BENCH_DEADLINE_S = 1800.0  # throughput.DEFAULT_DEADLINE_S (not imported: it would load requests for every command)
 
 
 def _patch(args: argparse.Namespace) -> int:
@@ -79,26 +82,30 @@ def _bench(args: argparse.Namespace) -> int:
     from .throughput import run_throughput
 
     try:
-        points = run_throughput(Endpoint(args.endpoint, args.api_key, args.timeout), contexts=args.contexts,
-                                concurrency=args.concurrency, output_len=args.output_len, rounds=args.rounds,
-                                vocab=args.vocab, out=args.out, previous=args.previous)
+        run = run_throughput(Endpoint(args.endpoint, args.api_key, args.timeout), contexts=args.contexts,
+                             concurrency=args.concurrency, output_len=args.output_len, rounds=args.rounds,
+                             vocab=args.vocab, out=args.out, previous=args.previous, deadline_s=args.deadline,
+                             release=args.release)
     except EndpointError as exc:
         print(f"ddtree-ops bench: {exc}", file=sys.stderr)
         return 1
-    failed = [p for p in points if p.ok < p.requests]
-    if not any(p.ok for p in points):
-        for p in failed:
-            print(f"context {p.context} concurrency {p.concurrency}: {p.requests - p.ok} request(s) failed: "
-                  f"{p.errors[0] if p.errors else ''}", file=sys.stderr)
-        stopped = " (stopped after the first point: nothing answers in HTTP)" if points[-1].unreachable else ""
-        print(f"ddtree-ops bench: every request failed{stopped}; nothing measured, no table or plot written",
-              file=sys.stderr)
-        return 1
-    print((Path(args.out) / "throughput.md").read_text())
-    for p in failed:
-        print(f"context {p.context} concurrency {p.concurrency}: {p.requests - p.ok} request(s) failed: "
-              f"{p.errors[0] if p.errors else ''}", file=sys.stderr)
-    return 1 if failed else 0
+    measured = any(p.ok for p in run.points)
+    if measured:
+        print(Path(run.files[1]).read_text())
+    for p in run.points:
+        if p.ok < p.requests:
+            print(f"context {p.context} concurrency {p.concurrency}: {p.requests - p.ok} of {p.requests} request(s) "
+                  f"failed: {p.errors[0] if p.errors else ''}", file=sys.stderr)
+    if run.stopped:
+        print(f"ddtree-ops bench: stopped early: {run.stopped}", file=sys.stderr)
+    if not measured:
+        sent = sum(p.requests for p in run.points)
+        why = f"all {sent} request(s) sent failed" if sent else "no /generate request sent"
+        print(f"ddtree-ops bench: nothing measured ({why}), no table or plot written", file=sys.stderr)
+    print(f"ddtree-ops bench: wrote {', '.join(str(Path(f).resolve()) for f in run.files)}"
+          + (" (the record of a run that stopped early)" if run.stopped else ""),
+          file=sys.stdout if measured else sys.stderr)
+    return 1 if run.stopped or any(p.ok < p.requests for p in run.points) else 0
 
 
 def _bundle(args: argparse.Namespace) -> int:
@@ -194,6 +201,16 @@ def _positive_ints(text: str) -> list[int]:
     if not values:
         raise argparse.ArgumentTypeError(f"{text!r}: give one or more whole numbers, comma-separated")
     return values
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} must be more than 0")
+    return value
 
 
 def _existing_file(text: str) -> str:
@@ -350,6 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--vocab", type=_positive_int, default=32000, help="prompt token ids are drawn from [100, vocab)")
     b.add_argument("--out", default="throughput", help="folder for throughput.json/.md/.png")
     b.add_argument("--previous", type=_existing_file, help="an earlier throughput.json to compare against")
+    b.add_argument("--deadline", type=_positive_float, default=BENCH_DEADLINE_S,
+                   help="seconds for the whole run: past it no request is sent, those in flight are cut off, and "
+                        "what was measured is written (--timeout still bounds each request)")
+    b.add_argument("--release", help="the deploy's release id, as `fab status` names it, for the JSON and the plot; "
+                                     "without it, the SGLang build /server_info reports")
     b.set_defaults(func=_bench)
 
     args = ap.parse_args(argv)

@@ -24,10 +24,23 @@ class EndpointUnreachable(EndpointError):
     else (then the message says so)."""
 
 
+class EndpointTimeout(EndpointError):
+    """The request was sent and nothing came back within the timeout."""
+
+
 def _unreachable(where: str, exc: Exception) -> EndpointUnreachable:
     if "BadStatusLine" in repr(exc):
         return EndpointUnreachable(f"{where}: the port answered, but not in HTTP (is this the SGLang endpoint?)")
     return EndpointUnreachable(f"{where}: connection refused or dropped ({type(exc).__name__})")
+
+
+def excerpt(resp: requests.Response, limit: int = 200) -> str:
+    """The start of an answer's body on one line, or "(empty body)"; an HTML page is named as one."""
+    text = " ".join(resp.text[:limit].split())
+    if not text:
+        return "(empty body)"
+    html = "text/html" in resp.headers.get("Content-Type", "") or text.lower().startswith(("<!doctype", "<html"))
+    return f"(an HTML page, not SGLang's JSON) {text}" if html else text
 
 
 @dataclass
@@ -42,30 +55,36 @@ class Endpoint:
         if self.api_key:
             self.session.headers["Authorization"] = f"Bearer {self.api_key}"
 
-    def _request(self, method: str, path: str, **kwargs) -> requests.Response:
+    def _request(self, method: str, path: str, timeout: float | None = None, **kwargs) -> requests.Response:
         where = f"{method} {self.url}{path}"
+        timeout = timeout or self.timeout
         try:
-            resp = self.session.request(method, self.url + path, timeout=kwargs.pop("timeout", self.timeout), **kwargs)
+            resp = self.session.request(method, self.url + path, timeout=timeout, **kwargs)
         except requests.ConnectionError as exc:
             raise _unreachable(where, exc) from None
         except requests.Timeout:
-            raise EndpointError(f"{where}: no answer within {self.timeout:.0f} s") from None
+            raise EndpointTimeout(f"{where}: no answer within {timeout:.0f} s") from None
         if resp.status_code >= 400:
-            raise EndpointError(f"{where}: HTTP {resp.status_code} {resp.text[:200].strip()}")
+            raise EndpointError(f"{where}: HTTP {resp.status_code} {excerpt(resp)}")
         return resp
 
     def status(self, path: str, timeout: float | None = None) -> int:
         """HTTP status of GET path (connection problems raise EndpointError)."""
+        return self.probe(path, timeout)[0]
+
+    def probe(self, path: str, timeout: float | None = None) -> tuple[int, str]:
+        """(HTTP status, an excerpt of the body) of GET path (connection problems raise EndpointError)."""
         where = f"GET {self.url}{path}"
         try:
-            return self.session.get(self.url + path, timeout=timeout or self.timeout).status_code
+            resp = self.session.get(self.url + path, timeout=timeout or self.timeout)
         except requests.ConnectionError as exc:
             raise _unreachable(where, exc) from None
         except requests.Timeout:
-            raise EndpointError(f"{where}: no answer within {timeout or self.timeout:.0f} s") from None
+            raise EndpointTimeout(f"{where}: no answer within {timeout or self.timeout:.0f} s") from None
+        return resp.status_code, excerpt(resp)
 
-    def get_json(self, path: str) -> dict:
-        resp = self._request("GET", path)
+    def get_json(self, path: str, timeout: float | None = None) -> dict:
+        resp = self._request("GET", path, timeout=timeout)
         try:
             return resp.json()
         except ValueError:
@@ -78,10 +97,11 @@ class Endpoint:
         except ValueError:
             raise EndpointError(f"POST {self.url}{path}: answer is not JSON: {resp.text[:120]!r}") from None
 
-    def stream(self, path: str, body: dict) -> Iterator[tuple[float, dict]]:
-        """(arrival time, parsed event) for each `data:` event of an SSE answer, up to [DONE]."""
+    def stream(self, path: str, body: dict, timeout: float | None = None) -> Iterator[tuple[float, dict]]:
+        """(arrival time, parsed event) for each `data:` event of an SSE answer, up to [DONE]; `timeout` (default
+        the endpoint's) bounds the wait for the answer and for each read after it."""
         where = f"POST {self.url}{path} (stream)"
-        resp = self._request("POST", path, json=body, stream=True)
+        resp = self._request("POST", path, timeout=timeout, json=body, stream=True)
         done = False
         try:
             # chunk_size=None: hand over each event as it arrives; the default 512-byte reads

@@ -85,17 +85,29 @@ def read_verify_stats(folder: str | Path) -> dict:
     return total
 
 
+def health_reason(where: str, status: int, body: str) -> str:
+    """What a /health_generate answer other than 200 means. SGLang answers 503 with an empty body while it starts
+    (and when its own health request fails); any other status is not a warm-up, and is named as it came, with the
+    start of its body."""
+    if status == 503:
+        said = "" if body == "(empty body)" else f" ({body})"
+        return f"{where} answered 503: still warming up, or unhealthy{said}"
+    return (f"{where} answered HTTP {status}, not SGLang's warm-up answer (503): {body}; the server's log says why "
+            "(`fab logs --host HOST` on a deployed host)")
+
+
 def wait_healthy(ep: Endpoint, wait_s: float, poll_s: float = 2.0) -> tuple[int | None, str]:
-    """Poll /health_generate until 200 or `wait_s` passes; (last status, last error)."""
+    """Poll /health_generate until 200 or `wait_s` passes; (last status, what the last answer means)."""
     deadline = time.monotonic() + wait_s
-    status, error = None, ""
+    where = f"GET {ep.url}/health_generate"
     while True:
         try:
-            status, error = ep.status("/health_generate", timeout=min(ep.timeout, 60)), ""
+            status, body = ep.probe("/health_generate", timeout=min(ep.timeout, 60))
+            reason = "" if status == 200 else health_reason(where, status, body)
         except EndpointError as exc:
-            status, error = None, str(exc)
+            status, reason = None, str(exc)
         if status == 200 or time.monotonic() >= deadline:
-            return status, error
+            return status, reason
         time.sleep(poll_s)
 
 
@@ -113,9 +125,8 @@ def run_smoke(ep: Endpoint, *, model: str | None = None, min_accept_length: floa
             report.checks.append(Check(name, False, str(exc), time.perf_counter() - t0))
 
     def health():
-        status, error = wait_healthy(ep, wait_s)
-        _expect(status == 200, error or f"GET {ep.url}/health_generate answered {status} (503: still warming up"
-                                        f" or unhealthy){f' after {wait_s:.0f} s' if wait_s else ''}")
+        status, reason = wait_healthy(ep, wait_s)
+        _expect(status == 200, reason + (f" (after waiting {wait_s:.0f} s)" if wait_s else ""))
 
     def listed():
         ids = [m.get("id") for m in ep.get_json("/v1/models").get("data", [])]

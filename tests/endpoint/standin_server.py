@@ -46,9 +46,23 @@ class Behaviour:
     empty_completion: bool = False
     wrong_usage: bool = False
     stream_fault: str | None = None  # "no_done" | "bad_json"
+    # Every request (health included) answered wrong: "http_500" (uvicorn's plain 500), "html" (200 with a web page,
+    # as a proxy or another service on the port sends), "hang" (accepted, never answered) or "hang_generate"
+    # (only /generate hangs); a hung request is let go when the server stops.
+    fault: str | None = None
     default_completion_tokens: int = 12  # without ignore_eos
     api_key: str | None = None  # as SGLang's --api-key: Bearer token on all but /health*, /ready*, /metrics*
     extra_info: dict = field(default_factory=dict)  # more /server_info fields (the service mode's args)
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        """A client that closes a kept-alive connection with the stream's last chunk unread (the streaming clients stop
+        at [DONE]) resets it; that is not the stand-in's fault, and its traceback would bury the test's output."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionResetError | BrokenPipeError):
+            super().handle_error(request, client_address)
 
 
 class StandInServer:
@@ -62,7 +76,10 @@ class StandInServer:
         class Handler(_Handler):
             stand_in = server
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.requests: list[tuple[str, str]] = []  # (method, path) of every request, in the order they came
+        self.request_came = threading.Event()  # set by each request
+        self.released = threading.Event()  # lets hung requests go (set on stop)
+        self.httpd = _Server((host, port), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://{host}:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -73,6 +90,7 @@ class StandInServer:
         return self.url
 
     def __exit__(self, *exc) -> None:
+        self.released.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -123,6 +141,30 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
+    def _faulted(self, method: str) -> bool:
+        """Record the request; answer it as the switched-on fault says (True), or leave it to the route (False)."""
+        self.stand_in.requests.append((method, self.path))
+        self.stand_in.request_came.set()
+        fault = self.b.fault
+        if fault == "hang" or (fault == "hang_generate" and self.path == "/generate"):
+            self.stand_in.released.wait()
+            self.close_connection = True
+            return True
+        if fault == "http_500":
+            data = b"Internal Server Error"
+            self.send_response(500)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+        elif fault == "html":
+            data = b"<!DOCTYPE html><html><head><title>Welcome to nginx!</title></head><body>It works</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+        else:
+            return False
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        return True
+
     def _refused(self) -> bool:
         """SGLang's api-key rule (srt/utils/auth.py): 401 unless the Bearer token matches."""
         key = self.b.api_key
@@ -136,7 +178,7 @@ class _Handler(BaseHTTPRequestHandler):
     # -- GET ---------------------------------------------------------------------------------
     def do_GET(self) -> None:
         b = self.b
-        if self._refused():
+        if self._faulted("GET") or self._refused():
             return
         if self.path in ("/health", "/health_generate"):
             warming = time.monotonic() - self.stand_in.started < b.warmup_s
@@ -156,12 +198,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- POST --------------------------------------------------------------------------------
     def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if self._refused():
-            self.rfile.read(length)
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self._faulted("POST") or self._refused():
             return
         try:
-            body = json.loads(self.rfile.read(length) or b"{}")
+            body = json.loads(raw or b"{}")
         except ValueError:
             return self._json(400, {"error": {"message": "body is not JSON"}})
         if self.path == "/v1/chat/completions":

@@ -128,3 +128,18 @@ def test_a_dsa_checkpoint_needs_every_verify_served_sparse(standin, tmp_path, se
     assert report.ok is ok and report.checks[-1].name == name
     if not ok:
         assert "not served sparse" in failed(report)[name] and "patch 0007" in failed(report)[name]
+
+
+@pytest.mark.parametrize(
+    "behaviour, said, not_said",
+    [
+        ({"fault": "http_500"}, "answered HTTP 500, not SGLang's warm-up answer (503): Internal Server Error", "503:"),
+        ({"never_healthy": True}, "answered 503: still warming up, or unhealthy", "HTTP 500"),
+    ],
+    ids=["500", "503"],
+)
+def test_health_names_the_status_that_came(standin, behaviour, said, not_said):
+    """A 500 is reported as the 500 it is, with its body and where the cause is; only SGLang's 503 is a warm-up."""
+    reason = failed(run_smoke(Endpoint(standin(**behaviour), timeout=10)))["health_generate answers 200"]
+    assert said in reason and not_said not in reason and "warming up" not in reason.replace(said, "")
+    assert ("fab logs" in reason) == ("500" in said)
