@@ -92,7 +92,7 @@ SMOKE_ARGS ?=
 smoke-test: setup  ## make smoke-test HOST=ct200 (on the host; no HOST: the local test host), or ENDPOINT=http://host:30000 from here
 	$(CHECK_INVENTORY)
 	@if [ -n "$(ENDPOINT)" ] && [ -z "$(HOST)" ]; then $(BIN)/ddtree-ops smoke --endpoint $(ENDPOINT) $(SMOKE_ARGS); \
-	else $(if $(HOST),,$(PY) -m ddtree_ops.hosts guard $(TARGET) && )$(ANSIBLE) $(INVENTORY_ARG) playbooks/smoke.yml \
+	else $(PY) -m ddtree_ops.hosts guard $(TARGET) $(INVENTORY_PATH) && $(ANSIBLE) $(INVENTORY_ARG) playbooks/smoke.yml \
 	  --limit $(TARGET); fi
 
 BENCH_ARGS ?=
@@ -123,14 +123,17 @@ HOST ?=
 INVENTORY ?= inventory/production/hosts.yml
 ARGS ?=
 ANSIBLE := ANSIBLE_CONFIG=ansible.cfg PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-playbook
-# deploy and rollback: on Ctrl-C, SIGTERM or a lost host, playbooks/resume.yml puts back a verified release (ddtree_ops/play.py)
-PLAY := ANSIBLE_CONFIG=ansible.cfg PATH="$(CURDIR)/$(BIN):$$PATH" $(PY) -m ddtree_ops.play
+# deploy and rollback: on Ctrl-C, SIGTERM or a lost host, playbooks/resume.yml puts back a verified release (ddtree_ops/play.py).
+# exec: the recipe's shell would die of a SIGTERM or SIGHUP to the group at once, and make would return while the
+# resume still runs; make waits for its direct child, the wrapper, whatever the signal.
+PLAY := ANSIBLE_CONFIG=ansible.cfg PATH="$(CURDIR)/$(BIN):$$PATH" exec $(PY) -m ddtree_ops.play
 TESTHOST_DIR := .cache/testhosts
-INVENTORY_ARG = $(if $(HOST),-i $(INVENTORY),-i inventory/test)
+INVENTORY_PATH = $(if $(HOST),$(INVENTORY),inventory/test)
+INVENTORY_ARG = -i $(INVENTORY_PATH)
 TARGET = $(if $(HOST),$(HOST),ct-test-1)
-# With no HOST the targets act on the local test host: stop before any SSH or HTTP if its namespace is not there
-# (its address would leave through the default route).
-GUARD_TESTHOST = @$(if $(HOST),,$(PY) -m ddtree_ops.hosts guard $(TARGET))
+# A target that is a local test host (no HOST, HOST=ct-test-*, or INVENTORY=inventory/test): stop before any SSH
+# or HTTP if its namespace is not there (its address would leave through the default route).
+GUARD_TESTHOST = @$(PY) -m ddtree_ops.hosts guard $(TARGET) $(INVENTORY_PATH)
 # An inventory that is not there stops here, naming it (ansible.cfg also fails an unparsable one).
 CHECK_INVENTORY = @$(if $(HOST),test -e $(INVENTORY) || { echo "no inventory at $(INVENTORY): set INVENTORY=path \
 (default inventory/production/hosts.yml)"; exit 2; })
@@ -138,6 +141,7 @@ CHECK_INVENTORY = @$(if $(HOST),test -e $(INVENTORY) || { echo "no inventory at 
 deploy: setup  ## make deploy HOST=ct200 [ARGS="-e ddtree_budget=16"]; no HOST: the DDTree branch on a local test host
 	$(CHECK_INVENTORY)
 	@$(if $(HOST),,$(MAKE) --no-print-directory testhost)
+	$(GUARD_TESTHOST)
 	$(PLAY) playbooks/deploy.yml $(INVENTORY_ARG) --limit $(TARGET) $(ARGS)
 
 check: setup  ## make check HOST=ct200: what deploy would change (--check --diff), touching nothing

@@ -133,15 +133,33 @@ def bundle_id(spec: BundleSpec, repo: Path = REPO) -> str:
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
+def pip_failure_cause(output: str) -> str:
+    """The line of pip's output that says why it failed, with the fix where it is a known one: git's own error for
+    a commit the repository does not have, else pip's first ERROR line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    missing = next((line for line in lines if re.search(r"not our ref|did not match any|reference is not a tree|"
+                                                     r"unknown revision|couldn't find remote ref", line)), None)
+    if missing:
+        return (f"{missing}: the repository has no such commit; set ddtree_sglang_git_commit to a full commit of "
+                "ddtree_sglang_git_url (git ls-remote URL lists its branch heads)")
+    return next((line for line in lines if line.startswith(("ERROR:", "fatal:", "error:"))), lines[-1] if lines else
+                "no output")
+
+
 def _pip(args: list[str], what: str, env: dict[str, str] | None = None) -> None:
     cmd = [sys.executable, "-m", "pip", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
     if proc.returncode:
+        output = (proc.stderr or "") + (proc.stdout or "")
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-12:])
         hint = ("\nThis SGLang source builds its Rust extension whatever SGLANG_BUILD_RUST_EXTS says (no "
                 "python/setup.py honouring it): the controller needs cargo and crates.io, or pin a newer commit."
                 if "cargo" in tail else "")
-        raise BundleError(f"{what} failed (pip exit {proc.returncode}):\n{tail}{hint}\ncommand: {' '.join(cmd)}")
+        command = " ".join(cmd)
+        command = command if len(command) <= 400 else command[:400] + " ..."
+        # the cause first: the operator reads the first line; pip's own lines and the command follow for detail
+        raise BundleError(f"{what} failed (pip exit {proc.returncode}): {pip_failure_cause(output)}{hint}\n"
+                          f"pip's last lines:\n{tail}\ncommand: {command}")
 
 
 def _target_flags(spec: BundleSpec) -> list[str]:

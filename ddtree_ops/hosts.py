@@ -54,11 +54,21 @@ def host_vars(host: str, inventory: str = DEFAULT_INVENTORY) -> dict:
     return {k: v for k, v in result.items() if v != ""}
 
 
-def test_host_down(host: str) -> str | None:
-    """Why local test host `host` (ct-test-*) is not there, found without sending anything: no network namespace
-    for it (from the hosts file its maker wrote), so its address would leave through the default route and
-    something else could answer. None when it is up, or when `host` is not a local test host."""
-    if not host.startswith("ct-test-"):
+def is_test_inventory(inventory: str | None) -> bool:
+    """Whether `inventory` is the local test hosts' (inventory/test, or a file in it), however it is written."""
+    if not inventory:
+        return False
+    path = Path(inventory) if Path(inventory).is_absolute() else REPO / inventory
+    test = (REPO / TEST_INVENTORY).resolve()
+    return path.resolve() == test or test in path.resolve().parents
+
+
+def test_host_down(host: str, inventory: str | None = None) -> str | None:
+    """Why local test host `host` is not there, found without sending anything: no network namespace for it (from
+    the hosts file its maker wrote), so its address would leave through the default route and something else
+    could answer. A host is a local test host by its name (ct-test-*) or by the inventory it is read from
+    (inventory/test). None when it is up, or when `host` is not a local test host."""
+    if not (host.startswith("ct-test-") or is_test_inventory(inventory)):
         return None
     state = Path(os.environ.get("DDTREE_TESTHOST_DIR") or TESTHOST_DIR) / "testhosts.json"
     try:
@@ -69,7 +79,7 @@ def test_host_down(host: str) -> str | None:
 
 
 def connect(host: str, inventory: str = DEFAULT_INVENTORY) -> tuple[Connection, dict]:
-    down = test_host_down(host)
+    down = test_host_down(host, inventory)
     if down:
         raise SystemExit(f"{host}: {down}")
     hv = host_vars(host, inventory)
@@ -107,7 +117,10 @@ def status_report(conn: Connection, hv: dict) -> tuple[str, bool]:
     current = conn.run(f"readlink {root}/current || echo none", **quiet).stdout.strip()
     lines.append(f"current: {current}")
     problems = []
-    if current != "none":
+    if current != "none" and not conn.run(f"test -d {root}/current", **quiet).ok:
+        problems.append(f"current names {current.removeprefix('releases/')}, whose release folder is gone (removed by "
+                        "hand?): nothing can start from it; `make rollback HOST=...` puts back a verified release")
+    elif current != "none":
         if not conn.run(f"test -e {root}/current/.verified", **quiet).ok:
             problems.append(f"current names {current.removeprefix('releases/')}, which never passed health and "
                             "smoke: a restart would start it (the next `make deploy` or `make rollback` puts back a "
@@ -196,9 +209,9 @@ def open_tunnel(conn: Connection, hv: dict, local_port: int) -> Iterator[str]:
         yield f"http://127.0.0.1:{local_port}"
 
 
-# `python -m ddtree_ops.hosts guard HOST`: what the Makefile runs before it reaches a local test host.
+# `python -m ddtree_ops.hosts guard HOST [INVENTORY]`: what the Makefile runs before any command reaches a host.
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] != "guard":
-        raise SystemExit("usage: python -m ddtree_ops.hosts guard HOST")
-    if why := test_host_down(sys.argv[2]):
+    if len(sys.argv) not in (3, 4) or sys.argv[1] != "guard":
+        raise SystemExit("usage: python -m ddtree_ops.hosts guard HOST [INVENTORY]")
+    if why := test_host_down(sys.argv[2], sys.argv[3] if len(sys.argv) == 4 else None):
         raise SystemExit(f"{sys.argv[2]}: {why}")

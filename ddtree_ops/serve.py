@@ -7,6 +7,12 @@ The deploy writes `launch.json` ({"module": "sglang.launch_server", "argv": [...
 execs exactly it (no shell, so no word is split or dropped), adding `--api-key` from DDTREE_API_KEY
 (the 0600 env file) and naming the release it belongs to in DDTREE_RELEASE_ID, so the deploy can read
 from the process itself which release is serving (/proc/<pid>/environ).
+
+It starts only a verified release (its `.verified` marker: health and smoke passed), or the one a deploy or
+rollback is verifying right now: that run writes a short lease (`.deploy-lock/verifying.json`, see
+roles/ddtree/tasks/lease.yml) just before it restarts the unit. So however a run is killed after it switched
+`current`, systemd's `Restart=` never brings up a release that never passed: it is refused, naming the
+verified release to roll back to.
 """
 
 from __future__ import annotations
@@ -14,7 +20,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
+
+LEASE = Path(".deploy-lock") / "verifying.json"  # under the install root; written by roles/ddtree/tasks/lease.yml
 
 
 class LaunchError(RuntimeError):
@@ -44,7 +53,54 @@ def release_of(path: str | Path) -> str:
     return Path(path).resolve().parent.name
 
 
+class UnverifiedRelease(LaunchError):
+    """The release never passed its deploy's checks and no run is verifying it."""
+
+
+def verified_releases(root: Path) -> list[str]:
+    """The install root's verified releases, oldest first (by the install sequence their manifests record)."""
+    found = []
+    for marker in (root / "releases").glob("*/.verified"):
+        try:
+            sequence = int(json.loads((marker.parent / "manifest.json").read_text()).get("sequence", 0))
+        except (OSError, ValueError, TypeError, AttributeError):
+            sequence = 0
+        found.append((sequence, marker.stat().st_mtime, marker.parent.name))
+    return [name for *_, name in sorted(found)]
+
+
+def lease_holder(root: Path, now: float | None = None) -> str | None:
+    """The release a running deploy or rollback may start (a lease younger than its `valid_s`), if any."""
+    path = root / LEASE
+    try:
+        lease = json.loads(path.read_text())
+        age = (time.time() if now is None else now) - path.stat().st_mtime
+        return str(lease["release"]) if 0 <= age < float(lease["valid_s"]) else None
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def check_may_start(path: str | Path) -> None:
+    """Refuse a release that is neither verified nor leased to the run verifying it (UnverifiedRelease)."""
+    release_dir = Path(path).resolve().parent
+    release, root = release_dir.name, release_dir.parent.parent
+    if not release_dir.is_dir():
+        raise LaunchError(f"{path} points into {release_dir}, which does not exist (the release folder was removed): "
+                          "roll back to a verified release (make rollback HOST=<host>) or deploy again")
+    if (release_dir / ".verified").exists() or lease_holder(root) == release:
+        return
+    others = [r for r in verified_releases(root) if r != release]
+    back = (f"roll back to verified release {others[-1]}: ansible-playbook playbooks/rollback.yml --limit <host> "
+            f"(or `make rollback HOST=<host>`), which puts it in {root}/current and restarts"
+            if others else "no verified release is on this host: deploy one (make deploy HOST=<host>)")
+    raise UnverifiedRelease(
+        f"not starting release {release}: it never passed its deploy's health check and smoke test (no "
+        f"{release_dir}/.verified) and no deploy or rollback is verifying it now (no live lease in {root / LEASE}); "
+        f"a run was stopped after it switched {root}/current. To fix: {back}")
+
+
 def serve(path: str | Path) -> None:
+    check_may_start(path)
     module, argv = read_launch(path)
     key = os.environ.get("DDTREE_API_KEY", "")
     if key:

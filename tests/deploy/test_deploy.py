@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -160,7 +161,9 @@ def test_health_never_ready_rolls_back(hosts: Hosts):
         "ddtree_env": {"STANDIN_WARMUP_S": "1", "STANDIN_NEVER_HEALTHY": "1"}})
     assert result.rc != 0
     assert "Wait for /health_generate" in result.output
-    assert f"rolled back: release {before['current']} is current and healthy" in " ".join(result.output.split())
+    text = " ".join(result.output.split())
+    assert f"rolled back: release {before['current']} is current and healthy" in text
+    assert "fab logs --host ct-test-1" in text  # where the cause is
     after = hosts.state(H1)
     assert after["current"] == before["current"] and after["health"] == 200
     assert after["info"]["version"] == hosts.version(NEW)
@@ -269,20 +272,44 @@ def test_numeric_and_boolean_overrides_from_the_command_line(hosts: Hosts):
     assert _serving_budget(hosts, H1) == "10"
 
 
-def test_an_interrupted_deploy_converges_on_its_rerun(hosts: Hosts, test_inventory):
-    """Killed right after the switch: `current` names the new release while the old process serves, and the
-    lock is left. The rerun is refused naming the lock's holder; with the lock broken it restarts the server
-    (the process is not the current release), verifies and marks the release verified."""
-    before = hosts.state(H1)
-    run = hosts.start("deploy.yml", "-e", "ddtree_budget=12", limit=H1, extra=hosts.source(NEW))
-    seen, switched = [], False
+def _deploy_held_after_switch(hosts: Hosts, hold: Path, budget: int) -> tuple[subprocess.Popen, list[str]]:
+    """`make deploy` (ddtree-ops play) of NEW on H1 with budget `budget`, returned once it waits at the hold right
+    after the switch (the hold file exists until the caller removes it): an event, not a moment, to act on."""
+    hold.touch()
+    run = hosts.start("deploy.yml", "-e", f"ddtree_budget={budget}", "-e", f"ddtree_hold_after_switch={hold}",
+                      limit=H1, extra=hosts.source(NEW), wrapped=True)
+    seen = []
     for line in run.stdout:
         seen.append(line)
-        switched = switched or "TASK [ddtree : Switch current to" in line
-        if switched and "TASK [ddtree : Read which release the running server is]" in line:  # right after the switch
-            os.killpg(run.pid, signal.SIGKILL)
-            break
+        if "TASK [ddtree : Hold after the switch" in line:
+            return run, seen
+    hold.unlink(missing_ok=True)
     run.wait(timeout=60)
+    raise AssertionError("the deploy ended before its hold after the switch:\n" + "".join(seen[-40:]))
+
+
+def test_an_interrupted_deploy_converges_on_its_rerun(hosts: Hosts, test_inventory, tmp_path):
+    """`ddtree-ops play` (make deploy) killed with kill -9 right after the switch: its playbook dies with it, so
+    nothing goes on unseen; `current` names the new release while the old process serves, and the lock is left,
+    naming the playbook's own process. The rerun is refused naming the lock's holder as gone; with the lock broken
+    it restarts the server (the process is not the current release), verifies and marks the release verified.
+    The deploy waits after the switch while a hold file exists, so the kill lands there however late this test
+    reads the output."""
+    before = hosts.state(H1)
+    hold = tmp_path / "hold-after-switch"
+    run, seen = _deploy_held_after_switch(hosts, hold, 12)
+    try:
+        owner = json.loads(hosts.sh(H1, f"cat {ROOT}/.deploy-lock/owner.json"))
+        play_pid = int(owner["pid"])
+        assert "ansible-playbook" in Path(f"/proc/{play_pid}/cmdline").read_text().replace("\0", " ")
+        os.kill(run.pid, signal.SIGKILL)  # the wrapper alone: no handler of its runs
+        run.wait(timeout=60)
+        deadline = time.monotonic() + 120
+        while "\nState:\tZ" not in _status(play_pid):
+            assert time.monotonic() < deadline, "ansible-playbook outlived the wrapper that ran it"
+            time.sleep(0.2)
+    finally:
+        hold.unlink(missing_ok=True)
     mid = hosts.state(H1)
     assert mid["current"] != before["current"] and mid["serving"] == before["current"], "".join(seen[-20:])
     assert mid["lock"] and _serving_budget(hosts, H1) == "10"
@@ -295,6 +322,17 @@ def test_an_interrupted_deploy_converges_on_its_rerun(hosts: Hosts, test_invento
     assert refused.rc != 0 and "holds ct-test-1's lock" in text and "ddtree_break_lock=true" in text
     assert "That run is gone" in text and "stale" in text  # its ansible-playbook no longer runs here
     assert hosts.state(H1)["pids"] == mid["pids"]  # nothing was touched
+
+    # The old server dies while `current` names the release that never passed: the unit's Restart= runs
+    # `ddtree-ops serve`, which refuses it (the killed run left no lease) and names the one to roll back to.
+    hosts.sh(H1, f"kill -9 {mid['pids'][0]}")
+    refusal = f"not starting release {mid['current']}"
+    deadline = time.monotonic() + 120
+    while refusal not in (log := hosts.sh(H1, "cat /var/log/journal/sglang-ddtree.service.log 2>/dev/null || true")):
+        assert time.monotonic() < deadline, log[-3000:]
+        time.sleep(0.5)
+    assert f"roll back to verified release {before['current']}" in " ".join(log.split())
+    assert not hosts.state(H1)["pids"]  # nothing serves rather than the unverified release
     result = hosts.play("deploy.yml", "-e", "ddtree_budget=12", "-e", "ddtree_break_lock=true", limit=H1,
                         extra=hosts.source(NEW))
     assert result.rc == 0, result.output[-4000:]
@@ -306,19 +344,30 @@ def test_an_interrupted_deploy_converges_on_its_rerun(hosts: Hosts, test_invento
     assert st["current"] == mid["current"] and _serving_budget(hosts, H1) == "12"
 
 
-def test_ctrl_c_after_the_switch_puts_back_the_verified_release(hosts: Hosts):
+def _status(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return "\nState:\tZ"  # gone
+
+
+def test_ctrl_c_after_the_switch_puts_back_the_verified_release(hosts: Hosts, tmp_path):
     """`make deploy` (ddtree-ops play) interrupted as a terminal's Ctrl-C would (SIGINT to the whole process group)
     between the switch and the restart: it resumes, so `current` names the verified release that still serves
-    and the lock is released."""
+    and the lock is released. The deploy waits after the switch while a hold file exists, so the signal lands
+    there however late this test reads the task's header (a loaded machine once let the play run on to verified)."""
     before = hosts.state(H1)
-    run = hosts.start("deploy.yml", "-e", "ddtree_budget=13", limit=H1, extra=hosts.source(NEW), wrapped=True)
-    seen = []
-    for line in run.stdout:
-        seen.append(line)
-        if "TASK [ddtree : Clear the verify statistics of the process being replaced]" in line:
-            os.killpg(run.pid, signal.SIGINT)
-            break
-    out = "".join(seen) + run.communicate(timeout=300)[0]
+    hold = tmp_path / "hold-after-switch"
+    run, seen = _deploy_held_after_switch(hosts, hold, 13)
+    try:
+        held = hosts.state(H1)  # the play cannot pass the hold: current is switched, the old process serves
+        assert held["current"] != before["current"] and held["serving"] == before["current"], "".join(seen[-20:])
+        os.killpg(run.pid, signal.SIGINT)
+        out = "".join(seen) + run.communicate(timeout=300)[0]
+    finally:
+        hold.unlink(missing_ok=True)
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
     assert run.returncode == 130, out[-3000:]
     assert "stopped (SIGINT): running playbooks/resume.yml" in out
     text = " ".join(out.split())

@@ -102,7 +102,8 @@ def test_a_dsa_checkpoint_is_served_sparse_or_through_the_dense_view(hosts: Host
 
 def test_an_edited_venv_is_refused_until_rebuilt(hosts: Hosts, test_inventory):
     """A hand edit to a patched SGLang file in the serving release's venv: fab status names it, the next deploy
-    that would reuse the venv refuses (nothing switched), and -e ddtree_venv_rebuild=true builds it again."""
+    that would reuse the venv refuses (nothing switched), and -e ddtree_venv_rebuild=true builds it again,
+    restarts the server on it and smoke-tests it like any switch."""
     before = deployed(hosts, H1, NEW)
     site = hosts.sh(H1, f"ls -d {ROOT}/current/venv/lib/python3*/site-packages")
     edited = "sglang/srt/speculative/dflash_utils.py"
@@ -119,8 +120,51 @@ def test_an_edited_venv_is_refused_until_rebuilt(hosts: Hosts, test_inventory):
                          extra=hosts.source(NEW))
     assert rebuilt.rc == 0, rebuilt.output[-4000:]
     assert "# a hand edit" not in hosts.sh(H1, f"tail -1 {site}/{edited}")
-    deployed(hosts, H1, NEW)
+    after = deployed(hosts, H1, NEW)
     assert remote.status_report(conn, hv)[1]
+    # the process that had loaded the edited code was replaced, and the rebuilt release was smoke-tested
+    assert after["pids"] != before["pids"], "the server still runs the code it loaded before the rebuild"
+    smoke = rebuilt.output.split("TASK [ddtree : Smoke-test the endpoint", 1)[-1].split("TASK [", 1)[0]
+    assert "skipping" not in smoke and "ok: [ct-test-1]" in smoke, rebuilt.output[-3000:]
+
+
+def test_what_the_operator_reads_names_the_cause(hosts: Hosts, test_inventory):
+    """A failing preflight lists only the check that fails, with its fix; a corrupt manifest.json stops the run
+    naming the file (not a templating error); a `current` whose release folder is gone is called that, by fab
+    status and by the play that puts it right."""
+    before = deployed(hosts, H1, NEW)
+    low = hosts.play("deploy.yml", "-e", "ddtree_budget=14", "-e", "ddtree_min_free_disk_gb=1000000", limit=H1,
+                     extra=hosts.source(NEW))
+    text = " ".join(low.output.split())
+    assert low.rc != 0 and "GB free under" in text and "ddtree_min_free_disk_gb 1000000" in text, text[-3000:]
+    assert "venv support" not in text and "Python 3" not in text.split("Host preflight failed", 1)[-1][:400]
+    assert hosts.state(H1)["pids"] == before["pids"]
+
+    other = next(r for r in before["releases"] if r != before["current"])
+    manifest = f"{ROOT}/releases/{other}/manifest.json"
+    hosts.sh(H1, f"cp {manifest} {manifest}.good && echo '{{not json' > {manifest}")
+    try:
+        corrupt = hosts.play("rollback.yml", limit=H1)
+        text = " ".join(corrupt.output.split())
+        assert corrupt.rc != 0 and f"{manifest} cannot be read (JSONDecodeError" in text, text[-3000:]
+        assert "template error" not in text.lower() and "nothing was changed" in text
+        assert hosts.state(H1)["current"] == before["current"]
+    finally:
+        hosts.sh(H1, f"mv {manifest}.good {manifest}")
+
+    hosts.sh(H1, f"ln -sfn releases/r-removed {ROOT}/current")  # as if its folder had been deleted
+    try:
+        conn, hv = remote.connect(H1, test_inventory)
+        report, ok = remote.status_report(conn, hv)
+        assert not ok and "current names r-removed, whose release folder is gone" in report, report
+        assert "No such file" not in report and "never passed" not in report
+        put_back = hosts.play("resume.yml", limit=H1)
+        text = " ".join(put_back.output.split())
+        assert put_back.rc == 0 and "current named release r-removed, whose folder is gone" in text, text[-3000:]
+        assert f"current is back on verified release {before['current']}, healthy" in text
+    finally:
+        hosts.sh(H1, f"ln -sfn releases/{before['current']} {ROOT}/current")
+    assert hosts.state(H1)["current"] == before["current"] and hosts.state(H1)["health"] == 200
 
 
 # -- remote.py ----------------------------------------------------------------------------

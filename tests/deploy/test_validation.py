@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from ddtree_ops import hosts as remote
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -99,6 +101,30 @@ def test_tools_stop_before_reaching_a_test_host_that_is_down(target, tmp_path):
     assert "PLAY [" not in out and "Traceback" not in out and "ConnectionRefused" not in out
 
 
+# What a local deploy prints as its rollback hint, and smoke-test with the same arguments; and a test-inventory host
+# under another name: each is a local test host however it is named.
+NAMED = [("rollback", "HOST=ct-test-1", "INVENTORY=inventory/test"), ("smoke-test", "HOST=ct-test-1",
+         "INVENTORY=inventory/test"), ("check", "HOST=ct-test-2", "INVENTORY=inventory/test"),
+         ("rollback", "HOST=ct-test-1", "INVENTORY=./inventory/test/hosts.yml")]
+
+
+@pytest.mark.parametrize("command", NAMED, ids=[" ".join(c) for c in NAMED])
+def test_a_test_host_named_with_host_and_inventory_is_guarded_too(command):
+    proc = _make(*command, env=DOWN)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "the local test host is down" in out, out[-2000:]
+    assert "PLAY [" not in out and "Traceback" not in out
+
+
+def test_the_guard_knows_a_test_host_by_its_inventory():
+    assert remote.test_host_down("ct200") is None  # a production host: nothing to check
+    assert remote.test_host_down("gpu-a", "inventory/production/hosts.yml") is None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DDTREE_TESTHOST_DIR", "/nonexistent")
+        assert remote.test_host_down("gpu-a", "inventory/test") == remote.TESTHOST_DOWN
+        assert remote.test_host_down("gpu-a", str(REPO / "inventory/test/hosts.yml")) == remote.TESTHOST_DOWN
+
+
 def test_fab_stops_before_reaching_a_test_host_that_is_down():
     bindir = Path(sys.executable).parent
     proc = subprocess.run([str(bindir / "fab"), "status"], cwd=REPO, capture_output=True, text=True, timeout=120,
@@ -111,3 +137,23 @@ def test_bench_with_a_host_and_no_endpoint_is_refused_clearly():
     proc = _make("bench", "HOST=ct200")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "give ENDPOINT=" in out and "fab tunnel --host ct200" in out
+
+
+def test_a_commit_the_repository_lacks_is_named_first(tmp_path):
+    """A pinned commit the repository does not have: the bundle's error leads with git's own line and the fix
+    (real pip and git over a file:// repository), not with pip's argument vector."""
+    from ddtree_ops.bundle import BundleError, _pip
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "setup.py").write_text("from setuptools import setup\nsetup(name='x', version='1')\n")
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "x"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    bad = "1" * 40
+    with pytest.raises(BundleError) as err:
+        _pip(["wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "w"),
+              f"x @ git+file://{repo}@{bad}"], "building SGLang")
+    first = str(err.value).splitlines()[0]
+    assert first.startswith("building SGLang failed (pip exit 1): ") and bad in first, str(err.value)
+    assert "ddtree_sglang_git_commit" in first and "command:" not in first
