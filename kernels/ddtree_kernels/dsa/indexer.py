@@ -2,19 +2,20 @@
 
 `logits[t, p] = sum_h w[t, h] * relu(q[t, h] . k[p]) * k_scale[p]` (reference.py) for the key positions p of
 token t's request: the prefix (slots `kv_indices[kv_indptr[b]:]`) and then the tree (slots `tree_slots`), with
--inf at tree positions the token does not see (not an ancestor or itself). One program scores a key chunk for a
-block of BLOCK_T tokens x HI heads, which share every gathered key: a [BLOCK_N, 128] fp8 key tile times the
-[BLOCK_T * HI, 128] query tile on the tensor cores (e4m3 `mma.sync` m16n8k32 on sm_120), relu, and the gated sum
-over each token's heads in fp32. The keys are read once a token block (a 9-token tree is three blocks, each reading
-the key tile again, mostly from L2); splits fill the GPU (launcher.split_count). The epilogue is the top-k's first
-pass: each program adds its tokens' 256-bucket histograms of the logits it wrote (buckets.py) into the top-k state,
-one atomic add a non-empty bucket a token a program. A request whose keys all fit the top-k is not scored at all
-(its tokens take every visible key: topk.py). On Hopper the dot runs on bf16 (DOT_BF16, exact for e4m3 values): its
-fp8 wgmma keeps fewer accumulator bits, enough to move near-tie keys across the top-k boundary (3e-2 from the
-reference at 128k).
+-inf at tree positions the token does not see (not an ancestor or itself). One program takes a key chunk of one
+request and a group of up to BLOCK_T of its tree tokens: it gathers each [BLOCK_N, 128] fp8 key tile once and, for
+each token of the group in turn, multiplies it with that token's [HI, 128] queries on the tensor cores (e4m3
+`mma.sync` m16n8k32 on sm_120): the [BLOCK_N, HI] scores stay in the MMA's own layout, so relu, the gates and the
+sum over the token's heads are a reduction inside each thread quad, with no layout change. So a 9-token tree (one
+group) reads every key once, and M x N of the MMAs is the keys x 32 heads with no padded rows; splits fill the GPU
+(launcher.split_count). The epilogue is the top-k's first pass: each token's 256-bucket histogram of the logits it
+wrote (buckets.py) is kept in registers for the group and added into the top-k state once a program, one atomic add
+a non-empty bucket a token. A request whose keys all fit the top-k is not scored at all (its tokens take every
+visible key: topk.py). On Hopper the dot runs on bf16 (DOT_BF16, exact for e4m3 values): its fp8 wgmma keeps fewer
+accumulator bits, enough to move near-tie keys across the top-k boundary (3e-2 from the reference at 128k).
 
-Budget on sm_120 (DSA_SM120): keys 128 x 128 fp8 (16 KB) in stages, queries 128 x 128 fp8 (16 KB), 4 warps:
-32,768 B of shared memory, 254 registers (Triton 3.9, with the histogram), no spills, two programs an SM.
+Budget on sm_120 (DSA_SM120, 16 tokens a group): keys 128 x 128 fp8 (16 KB) in 3 stages, one token's queries
+32 x 128 fp8 (4 KB), the group's histograms 16 x 256 int32 in registers, 4 warps; `make fit` states the figures.
 """
 
 import triton
@@ -64,50 +65,44 @@ def dsa_index_logits_kernel(
     # a request whose keys all fit the top-k needs no logits: its tokens take every visible key (topk.py)
     if tb * BLOCK_T >= n_tok or lo >= hi or prefix_len + n_tok <= TOPK:
         return
-    # query rows: BLOCK_T tokens x HI heads, token-major
-    offs_r = tl.arange(0, BLOCK_T * HI)
-    tok = tb * BLOCK_T + offs_r // HI
-    tok_ok = tok < n_tok
+    t_lo = tb * BLOCK_T
+    t_hi = tl.minimum(n_tok, t_lo + BLOCK_T)
+    offs_h = tl.arange(0, HI)
     offs_d = tl.arange(0, D)
-    q = tl.load(IQ + (q_start + tok).to(tl.int64)[:, None] * stride_iqt + (offs_r % HI)[:, None] * stride_iqh
-                + offs_d[None, :], mask=tok_ok[:, None], other=0.0)
-    if DOT_BF16:  # e4m3 values are exact in bf16; Hopper's fp8 wgmma accumulates too coarsely for the top-k
-        q = q.to(tl.bfloat16)
-    w = tl.load(IW + (q_start + tok).to(tl.int64) * stride_iwt + offs_r % HI, mask=tok_ok, other=0.0)
-    offs_tt = tl.arange(0, BLOCK_T)
-    offs_t = tb * BLOCK_T + offs_tt
-    t_ok = offs_t < n_tok
-    out_rows = Logits + (q_start + offs_t).to(tl.int64) * stride_lt
     offs_n = tl.arange(0, BLOCK_N)
     offs_b = tl.arange(0, BINS)
-    hist = tl.zeros([BLOCK_T, BINS], dtype=tl.int32)  # each token's bucket histogram of this program's keys
+    offs_tt = tl.arange(0, BLOCK_T)
+    hist = tl.zeros([BLOCK_T, BINS], dtype=tl.int32)  # the group's bucket histograms of this program's keys
     slots = key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, lo + offs_n, lo + offs_n < hi)
     for p0 in range(lo, hi, BLOCK_N):
         pos = p0 + offs_n
         ok = pos < hi
         k = tl.load(index_k + slots[:, None] * stride_ik + offs_d[None, :], mask=ok[:, None], other=0.0)
-        if DOT_BF16:
+        if DOT_BF16:  # e4m3 values are exact in bf16; Hopper's fp8 wgmma accumulates too coarsely for the top-k
             k = k.to(tl.bfloat16)
         k_scale = tl.load(index_s + slots * stride_is + D // 4, mask=ok, other=0.0)
         # the next tile's slots now: its gather then waits on no index load
         slots = key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, pos + BLOCK_N, pos + BLOCK_N < hi)
-        s = tl.dot(dot_operand(k, q, DOT_FP32), tl.trans(dot_operand(q, q, DOT_FP32)))  # [BLOCK_N, BLOCK_T * HI]
-        # gate and sum each token's heads in fp32 (a tf32 dot here moves near-tie keys across the top-k boundary)
-        s = tl.maximum(s, 0.0) * w[None, :]
-        logits = tl.sum(tl.reshape(s, (BLOCK_N, BLOCK_T, HI)), 2) * k_scale[:, None]  # [BLOCK_N, BLOCK_T]
-        if p0 + BLOCK_N > prefix_len:
-            # tree keys: only the token's ancestors and itself are eligible
-            tree_pos = pos - prefix_len
-            seen = tl.load(vis + (q_start + offs_t).to(tl.int64)[None, :] * stride_vis + tree_pos[:, None],
-                           mask=(tree_pos >= 0)[:, None] & ok[:, None] & t_ok[None, :], other=1)
-            logits = tl.where(seen != 0, logits, float("-inf"))
-        tl.store(out_rows[None, :] + pos[:, None], logits, mask=ok[:, None] & t_ok[None, :])
-        # the top-k's first pass: out-of-range keys count in bucket 0 and come off it below
-        buckets = tl.where(ok[:, None], bucket(sort_key(logits)), 0)
-        for j in tl.static_range(BLOCK_T):
-            column = tl.sum(tl.where(offs_tt[None, :] == j, buckets, 0), 1)
-            hist += tl.where(offs_tt[:, None] == j, tl.histogram(column, BINS)[None, :], 0)
+        tree_pos = pos - prefix_len
+        for t in range(t_lo, t_hi):
+            token = (q_start + t).to(tl.int64)
+            q = tl.load(IQ + token * stride_iqt + offs_h[:, None] * stride_iqh + offs_d[None, :])
+            if DOT_BF16:
+                q = q.to(tl.bfloat16)
+            w = tl.load(IW + token * stride_iwt + offs_h)
+            s = tl.dot(dot_operand(k, q, DOT_FP32), tl.trans(dot_operand(q, q, DOT_FP32)))  # [BLOCK_N, HI]
+            # gate and sum the token's heads in fp32 (a tf32 dot here moves near-tie keys across the top-k boundary)
+            logits = tl.sum(tl.maximum(s, 0.0) * w[None, :], 1) * k_scale  # [BLOCK_N]
+            if p0 + BLOCK_N > prefix_len:
+                # tree keys: only the token's ancestors and itself are eligible
+                seen = tl.load(vis + token * stride_vis + tree_pos, mask=(tree_pos >= 0) & ok, other=1)
+                logits = tl.where(seen != 0, logits, float("-inf"))
+            tl.store(Logits + token * stride_lt + pos, logits, mask=ok)
+            # the top-k's first pass: out-of-range keys count in bucket 0 and come off it below
+            counts = tl.histogram(tl.where(ok, bucket(sort_key(logits)), 0), BINS)
+            hist += tl.where(offs_tt[:, None] == t - t_lo, counts[None, :], 0)
     misses = tl.cdiv(hi - lo, BLOCK_N) * BLOCK_N - (hi - lo)
     hist -= tl.where(offs_b[None, :] == 0, misses, 0)
-    tl.atomic_add(State + (q_start + offs_t).to(tl.int64)[:, None] * stride_st + offs_b[None, :], hist,
-                  mask=(hist > 0) & t_ok[:, None])
+    group = t_lo + offs_tt
+    tl.atomic_add(State + (q_start + group).to(tl.int64)[:, None] * stride_st + offs_b[None, :], hist,
+                  mask=(hist > 0) & (group < t_hi)[:, None])

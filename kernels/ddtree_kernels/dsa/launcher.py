@@ -39,7 +39,7 @@ class DSATiles:
     """One GPU family's DSA kernels: block_m is tokens a program (indexer) or heads a program (attention)."""
 
     name: str
-    indexer: Tile  # block_m: tree tokens sharing a key tile (x the index heads: the MMA's N)
+    indexer: Tile  # block_m: tree tokens a program, each key tile read once for all of them; block_n: keys a tile
     topk: Tile  # the collect pass, many programs a token; block_n: logits a loop step
     topk_resolve: Tile  # one program a token; block_n: candidates (or logits, overflowed) a loop step
     attention: Tile  # block_m: heads a program, block_n: selected keys a step
@@ -59,7 +59,7 @@ class DSATiles:
 
 DSA_SM120 = DSATiles(
     "dsa-sm120",
-    indexer=Tile("dsa_index_logits", block_m=4, block_n=128, num_warps=4, num_stages=3),
+    indexer=Tile("dsa_index_logits", block_m=16, block_n=128, num_warps=4, num_stages=3),
     topk=Tile("dsa_topk_collect", block_m=1, block_n=1024, num_warps=4, num_stages=1),
     topk_resolve=Tile("dsa_topk_resolve", block_m=1, block_n=1024, num_warps=8, num_stages=1),
     attention=Tile("dsa_sparse_mla", block_m=16, block_n=32, num_warps=4, num_stages=2),
