@@ -181,9 +181,18 @@ def chain_args(argv: list[str]) -> list[str]:
     return replace_args(drop_flags(argv, "--speculative-ddtree-"), {"--speculative-algorithm": "DFLASH"})
 
 
-def run_name(kernel: str, algorithm: str, attention: str = "dense-view") -> str:
+def run_name(kernel: str, algorithm: str, attention: str = "dense-view", budget: int | None = None) -> str:
+    """<kernel>[-b<budget>][-dflash][-dsa]: a DDTREE budget other than the production launch's is named."""
     name = kernel if algorithm == "DDTREE" else f"{kernel}-{algorithm.lower()}"
+    if budget is not None and algorithm == "DDTREE":
+        name = f"{kernel}-b{budget}"
     return f"{name}-dsa" if attention == "dsa" else name
+
+
+def production_budget() -> int:
+    """The DDTree node budget the production launch serves (--speculative-ddtree-budget)."""
+    argv = production_launch()[1]
+    return int(argv[argv.index("--speculative-ddtree-budget") + 1])
 
 
 def plain_args(argv: list[str], attention: str = "dense-view") -> list[str]:
@@ -199,7 +208,7 @@ def plain_args(argv: list[str], attention: str = "dense-view") -> list[str]:
 class Server:
     def __init__(self, kernel: str, models: dict[str, Path], run_dir: Path, port: int = 30000,
                  speculative: bool = True, algorithm: str = "DDTREE", extra: list[str] = (),
-                 attention: str = "dense-view"):
+                 attention: str = "dense-view", budget: int | None = None):
         module, argv, env = production_launch()
         sglang_dsa = not speculative and attention == "dsa"  # SGLang's own DSA serving (reference, tie check)
         if sglang_dsa:
@@ -212,6 +221,8 @@ class Server:
                                         "--tp": "1", "--port": str(port)})
         if algorithm == "DFLASH":
             self.argv = chain_args(self.argv)
+        elif budget is not None:
+            self.argv = replace_args(self.argv, {"--speculative-ddtree-budget": str(budget)})
         self.argv += list(extra) + (REFERENCE_ARGS if sglang_dsa else [])
         if not speculative:
             self.argv = plain_args(self.argv, attention)
@@ -352,7 +363,8 @@ def first_differences(out: Path, attention: str = "dense-view") -> dict[str, int
     our kernel's DDTREE run against SGLang's, or against our DFLASH chain where SGLang's did not run."""
     ours, sglang, chain = (run_name(k, a, attention) for k, a in
                            (("ddtree", "DDTREE"), ("sglang", "DDTREE"), ("ddtree", "DFLASH")))
-    other = sglang if (out / sglang / "tokens.json").exists() else chain
+    target = reference_run_name(attention)
+    other = next((r for r in (target, sglang) if (out / r / "tokens.json").exists()), chain)
     paths = [out / run for run in (ours, other)]
     paths = [p / "tokens.json" for p in paths]
     if not all(p.exists() for p in paths):
@@ -409,13 +421,22 @@ REFERENCE_ARGS = ["--dsa-decode-backend", "flashmla_sparse"]
 REFERENCE_ENV = {"SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": "0"}
 
 
+def reference_run_name(attention: str) -> str:
+    """The run without speculative decoding whose greedy tokens the speculative runs are held to: SGLang's own DSA
+    serving for the DSA checkpoint (`sglang-dsa`), the target itself for the dense view (`target`)."""
+    return "sglang-dsa" if attention == "dsa" else "target"
+
+
 def reference_tokens(models: dict[str, Path], out: Path, deadline: float, args) -> dict:
-    """The DSA checkpoint served SGLang's own way without speculative decoding (its DSA backend at page size 64:
-    DeepGEMM's indexer, FlashMLA's sparse attention), greedy: the tokens our DSA run is held to (`sglang-dsa`)."""
-    run_dir = out / "sglang-dsa"
+    """The target served without speculative decoding, greedy: the tokens the speculative runs are held to. For the
+    DSA checkpoint, SGLang's own way (its DSA backend at page size 64: DeepGEMM's indexer, FlashMLA's sparse
+    attention; `sglang-dsa`); for the dense view, the same launch without speculation (`target`)."""
+    name = reference_run_name(args.attention)
+    run_dir = out / name
     run_dir.mkdir(parents=True, exist_ok=True)
-    server = Server("sglang", models, run_dir, speculative=False, attention="dsa")
-    result: dict = {"kernel": "sglang", "algorithm": "none", "attention": "dsa", "argv": server.argv, "failed": []}
+    server = Server("sglang", models, run_dir, speculative=False, attention=args.attention)
+    result: dict = {"kernel": "sglang", "algorithm": "none", "attention": args.attention, "argv": server.argv,
+                    "failed": []}
     tokens: dict[str, list[int]] = {}
     try:
         result["start_s"] = server.start(min(args.start_timeout, deadline - time.monotonic()))
@@ -426,12 +447,13 @@ def reference_tokens(models: dict[str, Path], out: Path, deadline: float, args) 
             tokens[str(ctx)] = greedy_tokens(server.url, ctx, args.same_tokens)
             log(f"reference tokens {ctx}: {tokens[str(ctx)][:8]}...")
         (run_dir / "tokens.json").write_text(json.dumps(tokens))
-        # This server is the tie check's too (SGLang's DSA serving, no speculation): ask it while it is up
-        # rather than start it again.
-        if args.tie_check and (diffs := first_differences(out, "dsa")) and time.monotonic() < deadline - 60:
+        # This server is the tie check's too (the target, no speculation): ask it while it is up rather than
+        # start it again.
+        diffs = first_differences(out, args.attention)
+        if args.tie_check and diffs and time.monotonic() < deadline - 60:
             (out / "plain").mkdir(parents=True, exist_ok=True)
-            ties = {"first_differences": diffs, "argv": server.argv, "served_by": "sglang-dsa",
-                    "positions": top2_at_differences(server.url, out, diffs, "dsa")}
+            ties = {"first_differences": diffs, "argv": server.argv, "served_by": name,
+                    "positions": top2_at_differences(server.url, out, diffs, args.attention)}
             (out / "plain" / "ties.json").write_text(json.dumps(ties, indent=1))
             result["ties"] = ties
     except Exception as exc:
@@ -445,12 +467,14 @@ def reference_tokens(models: dict[str, Path], out: Path, deadline: float, args) 
 
 
 def run_kernel(kernel: str, models: dict[str, Path], out: Path, deadline: float, args,
-               algorithm: str = "DDTREE") -> dict:
-    run_dir = out / run_name(kernel, algorithm, args.attention)
+               algorithm: str = "DDTREE", budget: int | None = None) -> dict:
+    """One server (kernel, algorithm, DDTREE budget: None is the production launch's) and every stage against it."""
+    run_dir = out / run_name(kernel, algorithm, args.attention, budget)
     run_dir.mkdir(parents=True, exist_ok=True)
     result: dict = {"kernel": kernel, "algorithm": algorithm, "attention": args.attention, "failed": [],
-                    "stages": {}}
-    server = Server(kernel, models, run_dir, algorithm=algorithm, extra=args.server_args, attention=args.attention)
+                    "stages": {}, "budget": (budget or production_budget()) if algorithm == "DDTREE" else None}
+    server = Server(kernel, models, run_dir, algorithm=algorithm, extra=args.server_args, attention=args.attention,
+                    budget=budget)
     result["argv"] = server.argv
     result["env"] = server.env
 
@@ -476,7 +500,7 @@ def run_kernel(kernel: str, models: dict[str, Path], out: Path, deadline: float,
         result["health_while_starting"] = server.health
         if started is None:
             return result
-        if kernel == args.record_answers and algorithm == "DDTREE":
+        if kernel == args.record_answers and algorithm == "DDTREE" and budget is None:
             answers = stage("answers", lambda: record_answers(server.url))
             if answers is not None:
                 answers["health_while_starting"] = server.health
@@ -490,7 +514,8 @@ def run_kernel(kernel: str, models: dict[str, Path], out: Path, deadline: float,
             log(f"smoke (exit {smoke.returncode}):\n{smoke.stdout[-1500:]}")
             if smoke.returncode:
                 result["failed"].append("smoke: " + smoke.stdout.strip().splitlines()[-1] if smoke.stdout else "smoke")
-        contexts = args.contexts if algorithm == "DDTREE" else args.chain_contexts or args.contexts
+        contexts = (args.chain_contexts or args.contexts if algorithm == "DFLASH"
+                    else args.budget_contexts or args.contexts if budget is not None else args.contexts)
         bench_args = ["bench", "--endpoint", server.url, "--contexts", ",".join(map(str, contexts)), "--concurrency",
                       "1", "--rounds", "1", "--output-len", str(args.output_len), "--out", run_dir / "bench"]
         bench = stage("bench", lambda: run(bench_command(bench_args), "bench", cwd=REPO), min_left_s=60)
@@ -550,6 +575,17 @@ def pack(out: Path, dest: Path, runs: list[str]) -> None:
             tf.add(cache, arcname="triton-cache")
 
 
+def plan_runs(kernels: list[str], algorithms: list[str], budgets: list[int] | None, production: int
+              ) -> tuple[list[tuple], list[tuple]]:
+    """(first, later) servers as (kernel, algorithm, budget; None: the production launch's). First the production
+    launch and the chain (the tree against the chain; the reference and the tie check follow them), later the
+    other DDTREE budgets: a call cut short keeps the comparisons that matter."""
+    wanted = [None if b == production else b for b in (budgets or [production])]
+    first = [(k, a, None) for a in algorithms for k in kernels if a == "DFLASH" or None in wanted]
+    later = [(k, "DDTREE", b) for b in wanted if b is not None for k in kernels if "DDTREE" in algorithms]
+    return first, later
+
+
 def contexts(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -562,6 +598,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server-args", type=shlex.split, default=[],
                     help="appended to every launch, e.g. '--cuda-graph-max-bs-decode 1' (one request at a time: "
                          "a faster start, the bs=1 graphs unchanged)")
+    ap.add_argument("--budgets", type=contexts, default=None,
+                    help="DDTREE node budgets to serve, e.g. 4,8,16 (default: the production launch's); a budget "
+                         "other than the production one runs as <kernel>-b<budget>")
+    ap.add_argument("--budget-contexts", type=contexts, default=None,
+                    help="the bench contexts of the budgets other than the production one (default: --contexts)")
     ap.add_argument("--chain-contexts", type=contexts, default=None,
                     help="the DFLASH runs' bench contexts (default: --contexts)")
     ap.add_argument("--out", type=Path, default=GPU / "runs")
@@ -585,8 +626,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="how the DSA stand-in is served: dense-view (production today) or dsa (its sparse attention, "
                          "patch 0007; runs named <kernel>-dsa)")
     ap.add_argument("--reference", action="store_true",
-                    help="with --attention dsa: also serve the checkpoint SGLang's own DSA way without speculative "
-                         "decoding (run sglang-dsa) for the same-token check")
+                    help="also serve the target without speculative decoding for the same-token check (run target; "
+                         "with --attention dsa SGLang's own DSA serving, run sglang-dsa)")
     ap.add_argument("--no-tie-check", dest="tie_check", action="store_false",
                     help="skip the near-tie check where the two servers' greedy tokens part (a third server start)")
     args = ap.parse_args(argv)
@@ -599,8 +640,8 @@ def main(argv: list[str] | None = None) -> int:
     algorithms = [a.upper() for a in args.algorithm.split(",") if a]
     if unknown := set(algorithms) - {"DDTREE", "DFLASH"}:
         ap.error(f"--algorithm: {', '.join(sorted(unknown))} is not DDTREE or DFLASH")
-    runs = [(k, a) for a in algorithms for k in kernels]
-    names = [run_name(k, a, args.attention) for k, a in runs]
+    first, later = plan_runs(kernels, algorithms, args.budgets, production_budget())
+    names = [run_name(k, a, args.attention, b) for k, a, b in first + later]
     summary = {"kernels": {}}
     try:
         summary["setup"] = setup()
@@ -616,16 +657,18 @@ def main(argv: list[str] | None = None) -> int:
             summary["stand_in"] = {"name": args.stand_in, "layers": STAND_INS[args.stand_in].layers,
                                    "mlp_width": STAND_INS[args.stand_in].mlp_width}
         log(f"models done at {time.monotonic() - t0:.1f} s")
-        for (kernel, algorithm), name in zip(runs, names, strict=True):
-            summary["kernels"][name] = run_kernel(kernel, models, args.out, deadline, args, algorithm)
+        reference = reference_run_name(args.attention)
+        for kernel, algorithm, budget in [*first, (None, None, None), *later]:
+            if kernel is None:  # between the two: the reference, without speculation
+                if args.reference:
+                    summary["kernels"][reference] = reference_tokens(models, args.out, deadline, args)
+                    names.append(reference)
+            else:
+                name = run_name(kernel, algorithm, args.attention, budget)
+                summary["kernels"][name] = run_kernel(kernel, models, args.out, deadline, args, algorithm, budget)
             if args.pack:  # after each run: a call cut short still returns what ran
                 pack(args.out, args.pack, names)
-        if args.reference and args.attention == "dsa":
-            summary["kernels"]["sglang-dsa"] = reference_tokens(models, args.out, deadline, args)
-            names.append("sglang-dsa")
-            if args.pack:
-                pack(args.out, args.pack, names)
-        ties = summary["kernels"].get("sglang-dsa", {}).get("ties")  # the reference answered them
+        ties = summary["kernels"].get(reference_run_name(args.attention), {}).get("ties")  # the reference answered
         if ties is not None:
             summary["ties"] = ties
         elif args.tie_check and time.monotonic() < deadline - 120:

@@ -124,11 +124,27 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def reference_run(run: dict) -> str:
-    """What our DDTREE server's tokens are held to: SGLang's verify if it ran, else our DFLASH chain; for the
-    DSA checkpoint, SGLang's own DSA serving without speculation (`sglang-dsa`)."""
+    """What our DDTREE server's tokens are held to: the target served without speculation (`target`) if it ran,
+    else SGLang's verify, else our DFLASH chain; for the DSA checkpoint, SGLang's own DSA serving without
+    speculation (`sglang-dsa`)."""
     if ours_run(run) == "ddtree-dsa":
         return "sglang-dsa"
-    return "sglang" if "sglang" in run else "ddtree-dflash"
+    return next((name for name in ("target", "sglang") if name in run), "ddtree-dflash")
+
+
+def budget_of(name: str, result: dict) -> int | None:
+    """A DDTREE run's node budget (result.json records it; `<kernel>-b<N>` names one other than production's)."""
+    if algorithm_of(name, result) != "DDTREE":
+        return None
+    m = re.search(r"-b(\d+)(?:-|$)", name)
+    return result.get("budget") or (int(m.group(1)) if m else None)
+
+
+def same_tokens_by_run(run: dict) -> dict:
+    """Each speculative run's greedy tokens against the reference's, per context (compare_tokens)."""
+    reference = run.get(reference_run(run), {}).get("tokens", {})
+    return {name: compare_tokens(data["tokens"], reference) for name, data in sorted(run.items())
+            if name != reference_run(run) and data["tokens"] and data["result"].get("algorithm") != "none"}
 
 
 def compare_tokens(ours: dict, theirs: dict) -> dict:
@@ -191,6 +207,7 @@ def rows(run: dict) -> list[dict]:
             accept = point.get("accept_length") or 1.0
             step = tpot * accept if tpot else None
             row = {"context": point["context"], "algorithm": algorithm_of(name, data["result"]),
+                   "budget": budget_of(name, data["result"]), "run": name,
                    "kernel": kernel_of(name, data["result"]), "attention": attention_of(name, data["result"]),
                    "decode_tok_s": point.get("decode_tok_s"),
                    "step_ms": step, "tpot_ms": tpot, "accept_length": point.get("accept_length"),
@@ -203,7 +220,7 @@ def rows(run: dict) -> list[dict]:
                 row["profiled_steps"] = prof["steps"]
                 row["host_syncs"] = prof["host_syncs"]
             out.append(row)
-    return sorted(out, key=lambda r: (r["algorithm"] != "DDTREE", r["kernel"], r["context"]))
+    return sorted(out, key=lambda r: (r["algorithm"] != "DDTREE", r["kernel"], r["budget"] or 0, r["context"]))
 
 
 def _verify_stats(run: dict) -> list[dict]:
@@ -253,6 +270,7 @@ def report(*run_dirs: Path, commit: str, note: str | None = None, before: tuple[
                              f"with every token before"),
         "same_tokens_detail": {ctx: d | ({"near_tie": ties[ctx]} if ctx in ties else {})
                                for ctx, d in detail.items()},
+        "same_tokens_by_run": same_tokens_by_run(run),
         "start_s": {k: v["result"].get("start_s") for k, v in run.items()},
         **({"same_tokens_as_before": same_as_before(run, earlier)} if earlier else {}),
         "rows": rows(run),

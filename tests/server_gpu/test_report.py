@@ -264,3 +264,45 @@ def test_the_card_is_the_one_the_runs_recorded(tmp_path):
     assert report(older, commit="abc", gpu=h100)["gpu"] == h100
     with pytest.raises(ValueError, match="contradicts"):
         report(_run_dir(tmp_path / "e", run, small, {}), commit="abc", gpu=h100)
+
+
+def test_budgets_are_runs_of_their_own_held_to_the_target(tmp_path):
+    """A budget sweep on the trained pair: each DDTREE budget is its own run (`ddtree-b<N>`, the production budget
+    `ddtree`), rows say which budget, and every speculative run's tokens are held to the target served without
+    speculation (`target`)."""
+    from tests.server_gpu.e2e import run_name
+    from tests.server_gpu.report import report
+
+    assert run_name("ddtree", "DDTREE", budget=16) == "ddtree-b16"
+    assert run_name("ddtree", "DDTREE", "dsa", budget=4) == "ddtree-b4-dsa"
+    assert run_name("ddtree", "DFLASH", budget=16) == "ddtree-dflash"  # a chain has no node budget
+    trained = {"name": "trained", "layers": 6}
+
+    def spec(algorithm: str, budget: int | None, tokens: list[int], accept: float) -> dict:
+        point = _point(8192, 2.0) | {"accept_length": accept}
+        return {"result": {"kernel": "ddtree", "algorithm": algorithm, "budget": budget, "argv": []},
+                "tokens": {"8192": tokens}, "points": [point]}
+
+    runs = {"ddtree": spec("DDTREE", 8, [1, 2, 3], 4.0), "ddtree-b16": spec("DDTREE", 16, [1, 2, 3], 5.0),
+            "ddtree-dflash": spec("DFLASH", None, [1, 2, 7], 3.0),
+            "target": {"result": {"kernel": "sglang", "algorithm": "none", "argv": []}, "tokens": {"8192": [1, 2, 3]},
+                       "points": []}}
+    data = report(_run_dir(tmp_path / "call", runs, trained, {}), commit="abc")
+    assert data["same_tokens_reference"] == "target" and data["same_tokens"] is True
+    assert {(r["run"], r["budget"], r["accept_length"]) for r in data["rows"]} == {
+        ("ddtree", 8, 4.0), ("ddtree-b16", 16, 5.0), ("ddtree-dflash", None, 3.0)}
+    by_run = data["same_tokens_by_run"]
+    assert by_run["ddtree-b16"]["8192"]["first_difference"] is None
+    assert by_run["ddtree-dflash"]["8192"]["first_difference"] == 2 and "target" not in by_run
+
+
+def test_the_production_budget_and_the_chain_run_before_the_other_budgets():
+    from tests.server_gpu.e2e import plan_runs
+
+    first, later = plan_runs(["ddtree"], ["DDTREE", "DFLASH"], [4, 8, 16], production=8)
+    assert first == [("ddtree", "DDTREE", None), ("ddtree", "DFLASH", None)]
+    assert later == [("ddtree", "DDTREE", 4), ("ddtree", "DDTREE", 16)]
+    assert plan_runs(["ddtree"], ["DDTREE"], [4, 16], production=8) == ([], [("ddtree", "DDTREE", 4),
+                                                                            ("ddtree", "DDTREE", 16)])
+    assert plan_runs(["ddtree", "sglang"], ["DDTREE"], None, 8)[0] == [("ddtree", "DDTREE", None),
+                                                                       ("sglang", "DDTREE", None)]
