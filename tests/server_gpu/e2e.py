@@ -658,17 +658,22 @@ def main(argv: list[str] | None = None) -> int:
                                    "mlp_width": STAND_INS[args.stand_in].mlp_width}
         log(f"models done at {time.monotonic() - t0:.1f} s")
         reference = reference_run_name(args.attention)
-        for kernel, algorithm, budget in [*first, (None, None, None), *later]:
-            if kernel is None:  # between the two: the reference, without speculation
-                if args.reference:
-                    summary["kernels"][reference] = reference_tokens(models, args.out, deadline, args)
-                    names.append(reference)
-            else:
+
+        def serve(runs: list[tuple]) -> None:
+            for kernel, algorithm, budget in runs:
                 name = run_name(kernel, algorithm, args.attention, budget)
                 summary["kernels"][name] = run_kernel(kernel, models, args.out, deadline, args, algorithm, budget)
-            if args.pack:  # after each run: a call cut short still returns what ran
+                if args.pack:  # after each run: a call cut short still returns what ran
+                    pack(args.out, args.pack, names)
+
+        serve(first)
+        if args.reference:  # between the two: the target without speculation, the tokens the runs are held to
+            summary["kernels"][reference] = reference_tokens(models, args.out, deadline, args)
+            names.append(reference)
+            if args.pack:
                 pack(args.out, args.pack, names)
-        ties = summary["kernels"].get(reference_run_name(args.attention), {}).get("ties")  # the reference answered
+        serve(later)
+        ties = summary["kernels"].get(reference, {}).get("ties")  # the reference answered them
         if ties is not None:
             summary["ties"] = ties
         elif args.tie_check and time.monotonic() < deadline - 120:

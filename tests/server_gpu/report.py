@@ -133,11 +133,9 @@ def reference_run(run: dict) -> str:
 
 
 def budget_of(name: str, result: dict) -> int | None:
-    """A DDTREE run's node budget (result.json records it; `<kernel>-b<N>` names one other than production's)."""
-    if algorithm_of(name, result) != "DDTREE":
-        return None
-    m = re.search(r"-b(\d+)(?:-|$)", name)
-    return result.get("budget") or (int(m.group(1)) if m else None)
+    """A DDTREE run's node budget, as its result.json records it (None for a chain, and for runs before e2e.py
+    recorded it)."""
+    return result.get("budget") if algorithm_of(name, result) == "DDTREE" else None
 
 
 def same_tokens_by_run(run: dict) -> dict:
