@@ -176,3 +176,37 @@ def test_the_dense_shortcut_equals_the_sparse_take_all():
     _check(case, dense)
     _check(case, sparse, ws)
     assert (dense.double() - sparse.double()).norm() / sparse.double().norm() < 1e-2
+
+
+def test_a_call_run_kernel_by_kernel_is_the_whole_call():
+    """The benchmarks time a stage's kernels apart (STAGE_KERNELS): run one by one in order, they leave the same
+    selection and output as the whole call; a stage name that is none of them is refused, naming the choices."""
+    case = make_dsa_case([300], [9], 8, DEVICE, topk=64)
+    plan = plan_dsa_verify(1, 8, 9, 9, case.max_context, TARGET, topk=64)
+    whole_ws, parts_ws = DSAWorkspace(plan, DEVICE), DSAWorkspace(plan, DEVICE)
+    whole = torch.empty(9, 8, 512, dtype=torch.bfloat16, device=DEVICE)
+    parts = torch.full_like(whole, float("nan"))
+    run_dsa_verify(plan, whole_ws, *case.args, whole, sm_scale=case.sm_scale)
+    for kernel in ("indexer", "topk_collect", "topk_resolve", "attention"):
+        run_dsa_verify(plan, parts_ws, *case.args, parts, sm_scale=case.sm_scale, stages=(kernel,))
+    assert [_selected(parts_ws, t) for t in range(9)] == [_selected(whole_ws, t) for t in range(9)]
+    assert torch.equal(parts, whole)
+    with pytest.raises(ValueError, match="unknown DSA stage merge: choose from attention, indexer"):
+        run_dsa_verify(plan, parts_ws, *case.args, parts, sm_scale=case.sm_scale, stages=("merge",))
+
+
+def test_a_tile_table_given_to_the_plan_sets_its_splits():
+    """plan_dsa_verify(tiles=...) replaces the target's DSATiles (the sweep's variants): programs an SM set the
+    indexer's and the collect pass's split counts."""
+    import dataclasses
+
+    from ddtree_kernels.dsa.launcher import DSA_SM120
+    from ddtree_kernels.target import Target
+
+    sm120 = Target.named("sm120")
+    base = plan_dsa_verify(1, 8, 9, 9, 185_000, sm120)
+    more = dataclasses.replace(DSA_SM120, indexer=dataclasses.replace(DSA_SM120.indexer, programs_per_sm=4),
+                               topk=dataclasses.replace(DSA_SM120.topk, programs_per_sm=2))
+    plan = plan_dsa_verify(1, 8, 9, 9, 185_000, sm120, tiles=more)
+    assert plan.tiles is more and base.tiles is DSA_SM120
+    assert plan.index_splits > base.index_splits and plan.topk_splits < base.topk_splits

@@ -33,3 +33,27 @@ def test_a_sweep_is_a_rule_table():
     assert [r.tile.kernel for r in table.rules] == ["hopper_wgmma", "prefix_general"]
     assert table.rules[0].tail == narrow and table.rules[0].tile.option("tail_partition")
     assert (table.merge_block_d, table.merge_block_s) == (64, 32)
+
+
+def test_dsa_sweep_variants_replace_one_kernel_each():
+    from ddtree_kernels.dsa.launcher import DSA_SM120
+    from ddtree_tools.sweep_dsa import parse_tile, variants
+
+    indexer = parse_tile("8x128x4x3x3", "indexer")
+    assert indexer == Tile("indexer", 8, 128, 4, 3, programs_per_sm=3)
+    args = argparse.Namespace(indexer=[indexer], collect=None, resolve=[parse_tile("1x8192x16x1", "resolve")])
+    got = dict(variants(DSA_SM120, args))
+    assert list(got) == ["default", "indexer 8x128x4x3x3", "resolve 1x8192x16x1x1"]
+    assert got["default"] is DSA_SM120
+    assert got["indexer 8x128x4x3x3"].indexer.kernel == DSA_SM120.indexer.kernel  # the kernel the entry names
+    assert got["indexer 8x128x4x3x3"].topk_resolve == DSA_SM120.topk_resolve
+    assert got["resolve 1x8192x16x1x1"].topk_resolve.block_n == 8192
+    assert got["resolve 1x8192x16x1x1"].indexer == DSA_SM120.indexer
+
+
+@pytest.mark.parametrize("spec", ["16x128", "16x128x4x3x2+prefetch_q", "16x0x4x3", "axbxcxd"])
+def test_bad_dsa_tiles_name_the_form(spec):
+    from ddtree_tools.sweep_dsa import parse_tile
+
+    with pytest.raises(argparse.ArgumentTypeError, match="MxNxWARPSxSTAGES"):
+        parse_tile(spec, "indexer")

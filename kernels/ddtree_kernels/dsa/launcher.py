@@ -32,6 +32,8 @@ from .topk import STATE, dsa_topk_collect_kernel, dsa_topk_resolve_kernel
 
 TOPK = 2048  # GLM-5's index_topk
 STAGES = ("indexer", "topk", "attention")  # attention: the sparse MLA and the merge
+# A stage's kernels, each also a stage of its own (the sweep times them apart)
+STAGE_KERNELS = {"indexer": ("indexer",), "topk": ("topk_collect", "topk_resolve"), "attention": ("attention",)}
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,8 @@ class DSATiles:
 
 DSA_SM120 = DSATiles(
     "dsa-sm120",
-    indexer=Tile("dsa_index_logits", block_m=16, block_n=128, num_warps=4, num_stages=3),
-    topk=Tile("dsa_topk_collect", block_m=1, block_n=1024, num_warps=4, num_stages=1),
+    indexer=Tile("dsa_index_logits", block_m=16, block_n=128, num_warps=4, num_stages=3, programs_per_sm=2),
+    topk=Tile("dsa_topk_collect", block_m=1, block_n=1024, num_warps=4, num_stages=1, programs_per_sm=8),
     topk_resolve=Tile("dsa_topk_resolve", block_m=1, block_n=1024, num_warps=8, num_stages=1),
     attention=Tile("dsa_sparse_mla", block_m=16, block_n=32, num_warps=4, num_stages=2),
     attention_fp8=Tile("dsa_sparse_mla", block_m=16, block_n=16, num_warps=4, num_stages=2),
@@ -131,13 +133,12 @@ class DSAPlan:
 
     @cached_property
     def index_splits(self) -> int:
-        return split_count(self.token_blocks * self.batch_size, self.target.sms * 2,
+        return split_count(self.token_blocks * self.batch_size, self.target.sms * self.tiles.indexer.programs_per_sm,
                            max(1, -(-self.logits_width // self.tiles.min_chunk)))
 
     @cached_property
     def topk_splits(self) -> int:
-        # 8 programs an SM (4 warps each; sm_120 keeps 12); more splits gain nothing: launches bound a pass
-        return split_count(self.max_draft_tokens * self.batch_size, self.target.sms * 8,
+        return split_count(self.max_draft_tokens * self.batch_size, self.target.sms * self.tiles.topk.programs_per_sm,
                            max(1, -(-self.logits_width // self.tiles.topk.block_n)))
 
     @cached_property
@@ -197,8 +198,9 @@ class DSAPlan:
 def plan_dsa_verify(batch_size: int, num_heads: int, max_draft_tokens: int, total_tokens: int, max_context: int,
                     target: Target | torch.device | str, *, topk: int = TOPK, index_heads: int = 32,
                     d_v: int = 512, d_rope: int = 64, kv_fp8: bool = False,
-                    candidates: int | None = None) -> DSAPlan:
-    """The DSA plan of a verify shape on a target (a device stands for `Target.detect(device)`)."""
+                    candidates: int | None = None, tiles: DSATiles | None = None) -> DSAPlan:
+    """The DSA plan of a verify shape on a target (a device stands for `Target.detect(device)`); `tiles` replaces the
+    target's DSA_TABLES entry (ddtree_tools.sweep_dsa)."""
     if min(batch_size, num_heads, max_draft_tokens, topk, index_heads) < 1 or max_context < 0:
         raise ValueError("plan_dsa_verify needs batch_size, num_heads, max_draft_tokens, topk, index_heads >= 1 and "
                          f"max_context >= 0, got {batch_size}, {num_heads}, {max_draft_tokens}, {topk}, "
@@ -207,7 +209,8 @@ def plan_dsa_verify(batch_size: int, num_heads: int, max_draft_tokens: int, tota
         raise ValueError(f"index_heads must be a power of two (GLM-5: 32), got {index_heads}")
     if not isinstance(target, Target):
         target = Target.detect(target)
-    tiles = DSA_TABLES.get(target.capability, DSA_SM120) if target.capability else DSA_SM120
+    if tiles is None:
+        tiles = DSA_TABLES.get(target.capability, DSA_SM120) if target.capability else DSA_SM120
     if candidates is not None and candidates < 1:
         raise ValueError(f"candidates must be >= 1, got {candidates}")
     return DSAPlan(batch_size, num_heads, max_draft_tokens, total_tokens, max_context, target, tiles, topk,
@@ -280,8 +283,13 @@ def run_dsa_verify(
     """Indexer, top-k, sparse MLA, merge into `out` (the dense verify where the plan takes its shortcut). No host
     synchronisation: graph-safe.
 
-    `stages`: a subset of STAGES to run alone (the benchmark times each; a stage reads what the one before it
-    left in the workspace). A dense-shortcut plan runs the dense verify for any of them."""
+    `stages`: a subset of STAGES (or of a stage's kernels, STAGE_KERNELS) to run alone (the benchmarks time each; a
+    stage reads what the one before it left in the workspace). A dense-shortcut plan runs the dense verify for any
+    of them."""
+    known = {*STAGE_KERNELS, *(k for ks in STAGE_KERNELS.values() for k in ks)}
+    if unknown := set(stages) - known:
+        raise ValueError(f"unknown DSA stage {', '.join(sorted(unknown))}: choose from {', '.join(sorted(known))}")
+    kernels = {k for stage in stages for k in STAGE_KERNELS.get(stage, (stage,))}
     if not workspace.fits(plan):
         raise ValueError(f"the DSA workspace was sized for {workspace.plan_size} (tokens, logits width, topk, heads, "
                          "splits, d_v, candidates): allocate DSAWorkspace(plan, device) for this plan")
@@ -297,12 +305,12 @@ def run_dsa_verify(
         _run_dense(plan, workspace, q, k_buf, kv_indptr, kv_indices, qo_indptr, tree_slots, visibility, out,
                    sm_scale=sm_scale, k_scale=k_scale)
         return
-    if "indexer" in stages and (index_q.shape[-1] != INDEX_DIM or index_q.shape[1] != plan.index_heads):
+    if "indexer" in kernels and (index_q.shape[-1] != INDEX_DIM or index_q.shape[1] != plan.index_heads):
         raise ValueError(f"index_q must be [T, {plan.index_heads}, {INDEX_DIM}], got {tuple(index_q.shape)}")
     index_k, index_s = index_views(index_buf)
     bs, tiles = plan.batch_size, plan.tiles
     ws = workspace
-    if "indexer" in stages:
+    if "indexer" in kernels:
         ws.state.zero_()  # the bucket histograms the indexer adds to (one memset)
         dsa_index_logits_kernel[(plan.token_blocks, plan.index_splits, bs)](
             index_q, index_weights, index_k, index_s, kv_indices, kv_indptr, qo_indptr, tree_slots, visibility,
@@ -310,18 +318,19 @@ def run_dsa_verify(
             index_q.stride(0), index_q.stride(1), index_weights.stride(0), index_k.stride(0), index_s.stride(0),
             visibility.stride(0), ws.logits.stride(0), ws.state.stride(0), **plan.launch_constexprs["indexer"],
         )
-    if "topk" in stages:
+    if "topk_collect" in kernels:
         dsa_topk_collect_kernel[(plan.max_draft_tokens, plan.topk_splits, bs)](
             ws.logits, ws.state, ws.sel, ws.cand_key, ws.cand_slot, kv_indices, kv_indptr, qo_indptr, tree_slots,
             visibility, tiles.min_chunk, ws.logits.stride(0), ws.state.stride(0), ws.sel.stride(0),
             ws.cand_key.stride(0), visibility.stride(0), **plan.launch_constexprs["topk"],
         )
+    if "topk_resolve" in kernels:
         dsa_topk_resolve_kernel[(plan.max_draft_tokens, bs)](
             ws.logits, ws.state, ws.sel, ws.sel_count, ws.cand_key, ws.cand_slot, kv_indices, kv_indptr, qo_indptr,
             tree_slots, visibility, ws.logits.stride(0), ws.state.stride(0), ws.sel.stride(0), ws.cand_key.stride(0),
             visibility.stride(0), **plan.launch_constexprs["topk_resolve"],
         )
-    if "attention" not in stages:
+    if "attention" not in kernels:
         return
     k_s, _, scale_from_ptr = _scale_args(k_scale, k_scale)
     splits = plan.attention_splits
