@@ -104,8 +104,15 @@ def bytes_to_unicode() -> dict[int, str]:
     return chars
 
 
+# A chat in the text the pair knows: each message a block of Python comment lines, the answer the code after it.
+# (The stand-ins' role tokens were never trained: after them the pair answered with whitespace, which smoke's
+# chat checks rightly call empty.)
+CHAT_TEMPLATE = ("{% for m in messages %}{{ '# ' + m['content'] | replace('\\n', '\\n# ') + '\\n' }}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ '\\n' }}{% endif %}")
+
+
 def write_tokenizer(folder: Path) -> None:
-    """tokenizer.json (byte-level BPE, no merges: id = BYTE_OFFSET + byte) and the stand-ins' tokenizer config."""
+    """tokenizer.json (byte-level BPE, no merges: id = BYTE_OFFSET + byte) and its config (CHAT_TEMPLATE)."""
     from tokenizers import Tokenizer, decoders, pre_tokenizers
     from tokenizers.models import BPE
 
@@ -117,4 +124,4 @@ def write_tokenizer(folder: Path) -> None:
     tok.add_special_tokens(SPECIAL)
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
-    models.write_tokenizer_config(folder)
+    models.write_tokenizer_config(folder, CHAT_TEMPLATE)

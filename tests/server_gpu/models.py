@@ -196,10 +196,12 @@ def write_tokenizer(folder: Path) -> None:
     write_tokenizer_config(folder)
 
 
-def write_tokenizer_config(folder: Path) -> None:
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def write_tokenizer_config(folder: Path, template: str = CHAT_TEMPLATE) -> None:
     """tokenizer_config.json (the special tokens, a chat template) and generation_config.json beside a tokenizer."""
-    template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
-                "{% if add_generation_prompt %}<|assistant|>{% endif %}")
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 202752, "chat_template": template,
         "eos_token": SPECIAL[EOS_ID], "pad_token": SPECIAL[EOS_ID], "unk_token": "[UNK]",

@@ -232,6 +232,13 @@ def same_as_before(run: dict, before: dict) -> dict:
                           before.get(ours_run(before), {}).get("tokens", {}))
 
 
+def same_as_training(run: dict, si: dict) -> dict:
+    """Per context: our DDTREE server's greedy tokens against the trained target's own PyTorch forward after the
+    same prompt (train_pair.py's greedy_after_serve_prompt): the served model is the one that was trained."""
+    return compare_tokens(run.get(ours_run(run), {}).get("tokens", {}),
+                          si["training"].get("greedy_after_serve_prompt", {}))
+
+
 def report(*run_dirs: Path, commit: str, note: str | None = None, before: tuple[Path, ...] = (),
            dense: tuple[Path, ...] = (), gpu: str | None = None) -> dict:
     run = load_run(*run_dirs)
@@ -271,6 +278,7 @@ def report(*run_dirs: Path, commit: str, note: str | None = None, before: tuple[
         "same_tokens_by_run": same_tokens_by_run(run),
         "start_s": {k: v["result"].get("start_s") for k, v in run.items()},
         **({"same_tokens_as_before": same_as_before(run, earlier)} if earlier else {}),
+        **({"same_tokens_as_training": same_as_training(run, si)} if "training" in si else {}),
         "rows": rows(run),
         **({"before_rows": rows(earlier)} if earlier else {}),
         **({"dense_view_rows": rows(load_run(*dense))} if dense else {}),

@@ -294,6 +294,20 @@ def test_budgets_are_runs_of_their_own_held_to_the_target(tmp_path):
     by_run = data["same_tokens_by_run"]
     assert by_run["ddtree-b16"]["8192"]["first_difference"] is None
     assert by_run["ddtree-dflash"]["8192"]["first_difference"] == 2 and "target" not in by_run
+    assert "same_tokens_as_training" not in data  # a pair trained before train.json recorded its own tokens
+
+
+def test_the_served_pair_is_held_to_its_own_training_forward(tmp_path):
+    """train.json's greedy tokens after the serve prompt (the PyTorch forward that was trained) against our DDTREE
+    server's: a served model that is not the trained one parts at once."""
+    from tests.server_gpu.report import report
+
+    trained = {"name": "trained", "layers": 6, "training": {"greedy_after_serve_prompt": {"8192": [5, 6, 7, 8]}}}
+    for tokens, first in (([5, 6, 7, 8], None), ([5, 6, 9, 8], 2)):
+        run = {"ddtree": {"result": {"kernel": "ddtree", "algorithm": "DDTREE", "budget": 8, "argv": []},
+                          "tokens": {"8192": tokens, "65536": [1]}, "points": [_point(8192, 2.0)]}}
+        data = report(_run_dir(tmp_path / f"call-{first}", run, trained, {}), commit="abc")
+        assert data["same_tokens_as_training"] == {"8192": {"tokens": 4, "first_difference": first}}
 
 
 def test_the_production_budget_and_the_chain_run_before_the_other_budgets():

@@ -134,8 +134,10 @@ def test_the_byte_tokenizer_round_trips_and_is_the_training_map(tmp_path):
     assert tok.decode(ids) == text
     assert tok.mask_token_id == corpus.MASK_ID and tok.eos_token_id == corpus.EOS_ID
     assert tok.convert_tokens_to_ids("<|MASK|>") == corpus.MASK_ID and len(tok) == corpus.TOKENIZER_SIZE
-    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
-    assert chat.startswith("<|user|>")
+    chat = tok.apply_chat_template([{"role": "user", "content": "List primes.\nComma-separated."}],
+                                   add_generation_prompt=True, tokenize=False)
+    assert chat == "# List primes.\n# Comma-separated.\n\n"  # Python comments: text the pair was trained on
+    assert all(corpus.BYTE_OFFSET <= i < corpus.TOKENIZER_SIZE for i in tok.encode(chat, add_special_tokens=False))
 
 
 def test_server_prompts_copy_a_recent_passage():

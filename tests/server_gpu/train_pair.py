@@ -81,6 +81,10 @@ class Schedule:
     eval_windows: int = 16
     accept_prompts: int = 64
     accept_prompt_len: int = 1024
+    # The target's own greedy tokens (this PyTorch forward) after the server's copy prompt at this context: what the
+    # served model's tokens are held to (report.py, same_tokens_as_training); 0 skips it.
+    greedy_context: int = 8192
+    greedy_tokens: int = 40
 
 
 TINY = (Sizes(layers=5, hidden=64, q_lora=32, mlp=128, draft_layers=2, draft_heads=2, draft_kv_heads=1,
@@ -90,7 +94,7 @@ TINY = (Sizes(layers=5, hidden=64, q_lora=32, mlp=128, draft_layers=2, draft_hea
                          ("index_n_heads", 4), ("index_head_dim", 16))),
         Schedule(seq=64, batch=4, target_steps=30, target_lr=3e-3, draft_steps=20, draft_lr=3e-3, anchors=3,
                  warmup=4, indexer_rows=16, indexer_windows=2, eval_windows=2, accept_prompts=4,
-                 accept_prompt_len=48))
+                 accept_prompt_len=48, greedy_context=0))
 
 
 # --- configs (what SGLang reads) -------------------------------------------------------------------
@@ -666,6 +670,11 @@ def train(out: Path, sizes: Sizes = Sizes(), sched: Schedule = Schedule(), devic
     }
     for k, v in record["held_out"].items():
         print(f"held out: {k} {v:.3f}", flush=True)
+    if sched.greedy_context:
+        prompt = torch.tensor([corpus.serve_prompt(sched.greedy_context)], device=device)
+        tokens = greedy(target, prompt, sched.greedy_tokens, device)[0].tolist()
+        record["greedy_after_serve_prompt"] = {str(sched.greedy_context): tokens}
+        print(f"greedy after the {sched.greedy_context}-token serve prompt: {corpus.decode(tokens)!r}", flush=True)
     save(out / "target", target, cfg)
     save(out / "drafter", drafter, dcfg)
     record["seconds"] = round(time.monotonic() - t0, 1)
