@@ -190,7 +190,8 @@ def test_a_call_run_kernel_by_kernel_is_the_whole_call():
     for kernel in ("indexer", "topk_collect", "topk_resolve", "attention"):
         run_dsa_verify(plan, parts_ws, *case.args, parts, sm_scale=case.sm_scale, stages=(kernel,))
     assert [_selected(parts_ws, t) for t in range(9)] == [_selected(whole_ws, t) for t in range(9)]
-    assert torch.equal(parts, whole)
+    # the same keys; on a GPU the collect pass's atomics may order them otherwise, so the sums only to rounding
+    assert (parts.double() - whole.double()).norm() / whole.double().norm() < 1e-3
     with pytest.raises(ValueError, match="unknown DSA stage merge: choose from attention, indexer"):
         run_dsa_verify(plan, parts_ws, *case.args, parts, sm_scale=case.sm_scale, stages=("merge",))
 

@@ -15,7 +15,7 @@ tables; a GPU without an entry, and the interpreter, take sm_120's, whose tiles 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import torch
 
@@ -261,6 +261,18 @@ class DSAWorkspace:
                 and plan.candidates <= candidates)
 
 
+_STAGE_NAMES = frozenset({*STAGE_KERNELS, *(k for ks in STAGE_KERNELS.values() for k in ks)})
+
+
+@lru_cache(maxsize=64)  # asked on every call with one of a handful of tuples: no set building on the launch path
+def _stage_kernels(stages: tuple[str, ...]) -> frozenset[str]:
+    """The kernels `stages` (stage or kernel names) run; an unknown name is refused, naming the choices."""
+    if unknown := set(stages) - _STAGE_NAMES:
+        raise ValueError(f"unknown DSA stage {', '.join(sorted(unknown))}: choose from "
+                         f"{', '.join(sorted(_STAGE_NAMES))}")
+    return frozenset(k for stage in stages for k in STAGE_KERNELS.get(stage, (stage,)))
+
+
 def run_dsa_verify(
     plan: DSAPlan,
     workspace: DSAWorkspace,
@@ -286,10 +298,7 @@ def run_dsa_verify(
     `stages`: a subset of STAGES (or of a stage's kernels, STAGE_KERNELS) to run alone (the benchmarks time each; a
     stage reads what the one before it left in the workspace). A dense-shortcut plan runs the dense verify for any
     of them."""
-    known = {*STAGE_KERNELS, *(k for ks in STAGE_KERNELS.values() for k in ks)}
-    if unknown := set(stages) - known:
-        raise ValueError(f"unknown DSA stage {', '.join(sorted(unknown))}: choose from {', '.join(sorted(known))}")
-    kernels = {k for stage in stages for k in STAGE_KERNELS.get(stage, (stage,))}
+    kernels = _stage_kernels(tuple(stages))
     if not workspace.fits(plan):
         raise ValueError(f"the DSA workspace was sized for {workspace.plan_size} (tokens, logits width, topk, heads, "
                          "splits, d_v, candidates): allocate DSAWorkspace(plan, device) for this plan")
