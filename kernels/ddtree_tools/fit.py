@@ -46,6 +46,7 @@ _MASK_NAMES = {0: "chain", 1: "sglang_flat", 2: "compact"}
 DSA_ALIGNED_ARGS = frozenset({
     "IQ", "IW", "index_k", "index_s", "kv_indices", "kv_indptr", "qo_indptr", "tree_slots", "vis", "Logits", "State",
     "Sel", "SelCount", "CandKey", "CandSlot", "Q", "K_buf", "O_part", "LSE_part", "stride_qt", "stride_qh", "stride_ks",
+    "stride_iqt", "stride_iqh", "stride_iwt",  # GLM-5's index queries [T, 32, 128] and gates [T, 32]
 })
 # Verify shapes whose plans cover every launch a table makes: (heads, draft tokens) from decode to 33-token
 # trees, each on both cache dtypes and both value layouts; the merge also at its most parts (max_splits).
@@ -82,6 +83,8 @@ class FitResult:
     # The tensor-core instructions in the SASS and their counts (HMMA.16816..., QMMA.16832...): what the GPU runs
     # for them (on sm_90 ptxas rewrites an e4m3 mma.sync into fp16 HMMAs).
     sass_mma: dict[str, int] = field(default_factory=dict)
+    # The global-memory load forms in the SASS and their counts: how wide a gather reads (LDG.E.U8 is a byte).
+    sass_loads: dict[str, int] = field(default_factory=dict)
     # The machine code (`cuobjdump -sass`, instructions only): equal digests before and after a refactor
     # mean the GPU runs the same code, so its measurements stand (--sass DIR writes the text).
     sass_sha256: str = ""
@@ -175,12 +178,22 @@ def mma_forms(ptx: str) -> list[str]:
     return sorted({shape + types for shape, types in forms})
 
 
-def sass_mma(sass: str) -> dict[str, int]:
-    """Count of each tensor-core instruction in SASS (HMMA.16816.F32..., QMMA.16832.F32.E4M3.E4M3...)."""
+def _count(pattern: str, sass: str) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for op in re.findall(r"\b([HQ]MMA\.[0-9A-Z.]+)", sass):
+    for op in re.findall(pattern, sass):
         counts[op] = counts.get(op, 0) + 1
     return counts
+
+
+def sass_mma(sass: str) -> dict[str, int]:
+    """Count of each tensor-core instruction in SASS (HMMA.16816.F32..., QMMA.16832.F32.E4M3.E4M3...)."""
+    return _count(r"\b([HQ]MMA\.[0-9A-Z.]+)", sass)
+
+
+def sass_loads(sass: str) -> dict[str, int]:
+    """Count of each global-memory load form in SASS: LDG.E.U8 (a byte), LDG.E.128 (16 bytes), LDGSTS.E (an
+    asynchronous 4-byte copy to shared memory)..."""
+    return _count(r"\b(LDGSTS\.[0-9A-Z.]+|LDG\.[0-9A-Z.]+)", sass)
 
 
 def cuobjdump(cubin: bytes) -> tuple[int, int, int, str]:
@@ -255,7 +268,7 @@ def compile_variant(job: tuple) -> FitResult:
                          launch_dependents=ptx.count("griddepcontrol.launch_dependents"),
                          grid_waits=ptx.count("griddepcontrol.wait"),
                          hopper_only=sum(ptx.count(op) for op in ("wgmma.", "setmaxnreg", "tcgen05")),
-                         mma=mma_forms(ptx), sass_mma=sass_mma(sass),
+                         mma=mma_forms(ptx), sass_mma=sass_mma(sass), sass_loads=sass_loads(sass),
                          sass_sha256=hashlib.sha256(sass.encode()).hexdigest(), sass=sass)
     except Exception as exc:  # a launch that cannot compile must show up, not crash the report
         return FitResult(table_name, target_name, short, variant, 0, limit, 0, 0, 0, must_fit, warps, programs,

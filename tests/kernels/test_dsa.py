@@ -206,8 +206,8 @@ def test_a_tile_table_given_to_the_plan_sets_its_splits():
 
     sm120 = Target.named("sm120")
     base = plan_dsa_verify(1, 8, 9, 9, 185_000, sm120)
-    more = dataclasses.replace(DSA_SM120, indexer=dataclasses.replace(DSA_SM120.indexer, programs_per_sm=4),
-                               topk=dataclasses.replace(DSA_SM120.topk, programs_per_sm=2))
+    indexer = dataclasses.replace(DSA_SM120.indexer, programs_per_sm=DSA_SM120.indexer.programs_per_sm * 2)
+    more = dataclasses.replace(DSA_SM120, indexer=indexer, topk=dataclasses.replace(DSA_SM120.topk, programs_per_sm=2))
     plan = plan_dsa_verify(1, 8, 9, 9, 185_000, sm120, tiles=more)
     assert plan.tiles is more and base.tiles is DSA_SM120
     assert plan.index_splits > base.index_splits and plan.topk_splits < base.topk_splits

@@ -184,3 +184,14 @@ def test_dsa_kernels_fit_sm120_and_the_indexer_multiplies_in_e4m3(fit_report):
     indexer = [r for r in dsa if r["kernel"] == "dsa:indexer" and r["target"] == "sm_120"]
     assert indexer and all(r["mma"] == ["m16n8k32.f32.e4m3.e4m3.f32"] for r in indexer), indexer
     assert all(any(op.startswith("QMMA") for op in r["sass_mma"]) for r in indexer), indexer
+
+
+def test_the_dsa_indexer_gathers_keys_four_bytes_at_a_time(fit_report):
+    """A key row of the index buffer is 132 bytes (4-byte aligned, never 16): the indexer says so, and its gather on
+    sm_120 compiles to 4-byte loads, not to byte loads (its earlier form: 161 byte loads a tile, 128 of them the key
+    tile's; now one, the tree's visibility)."""
+    indexer = [r for r in fit_report if r["kernel"] == "dsa:indexer" and r["target"] == "sm_120"]
+    assert indexer
+    for r in indexer:
+        loads = r["sass_loads"]
+        assert loads.get("LDG.E.U8", 0) < 16 and loads.get("LDG.E", 0) >= 32, loads

@@ -77,7 +77,10 @@ def dsa_index_logits_kernel(
     for p0 in range(lo, hi, BLOCK_N):
         pos = p0 + offs_n
         ok = pos < hi
-        k = tl.load(index_k + slots[:, None] * stride_ik + offs_d[None, :], mask=ok[:, None], other=0.0)
+        # a key row starts 4-byte aligned (132-byte rows, index_keys.py): said so, the gather is 4-byte loads where
+        # the compiler would otherwise load it byte by byte
+        rows = tl.multiple_of(slots * stride_ik, 4)
+        k = tl.load(index_k + rows[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
         if DOT_BF16:  # e4m3 values are exact in bf16; Hopper's fp8 wgmma accumulates too coarsely for the top-k
             k = k.to(tl.bfloat16)
         k_scale = tl.load(index_s + slots * stride_is + D // 4, mask=ok, other=0.0)

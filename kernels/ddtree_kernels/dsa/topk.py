@@ -47,16 +47,31 @@ def visible_keys(vis, stride_vis, token, prefix_len, n_tok, N_MAX: tl.constexpr)
 
 
 @triton.jit
+def _max_max_min(a0, a1, a2, b0, b1, b2):
+    return tl.maximum(a0, b0), tl.maximum(a1, b1), tl.minimum(a2, b2)
+
+
+@triton.jit
+def threshold_bin(hist, need):
+    """(d, above_d, in_d) of a histogram whose last bin is the top: the highest bin d where the bins from d up hold
+    `need` keys, how many keys the bins above d hold, how many d holds (-1, 0, 0 where all hold fewer). One scan and
+    one block-wide reduction of three values: each block-wide reduction is a round trip through shared memory with a
+    barrier, and these walks sit on the top-k's critical path."""
+    offs = tl.arange(0, hist.shape[0])
+    at_least = tl.cumsum(hist, 0, reverse=True)  # keys in bin d and the bins above it: non-increasing in d
+    reached = at_least >= need
+    # the bins above d are exactly those not reaching `need`: their largest count is the keys above d
+    d, above, at_d = tl.reduce((tl.where(reached, offs, -1), tl.where(reached, 0, at_least),
+                                tl.where(reached, at_least, 2147483647)), 0, _max_max_min)
+    return d, above, tl.where(d >= 0, at_d - above, 0)
+
+
+@triton.jit
 def boundary_bucket(state, k):
     """(B, k_left, in_bin): the bucket holding the k-th largest key, how many of its keys are still to be taken
     after every key above it, and how many keys it holds."""
-    offs = tl.arange(0, BINS)
-    hist = tl.load(state + (BINS - 1 - offs))  # buckets from the top down
-    above = tl.cumsum(hist, 0)  # keys in this bucket and the ones above it
-    first = tl.min(tl.where(above >= k, offs, BINS), 0)
-    before = tl.sum(tl.where(offs < first, hist, 0), 0)
-    in_bin = tl.sum(tl.where(offs == first, hist, 0), 0)
-    return (BINS - 1) - first.to(tl.int32), k - before, in_bin
+    b, above, in_bin = threshold_bin(tl.load(state + tl.arange(0, BINS)), k)
+    return b.to(tl.int32), k - above, in_bin
 
 
 @triton.jit
@@ -175,10 +190,13 @@ def dsa_topk_resolve_kernel(
         prefix = tl.zeros([], dtype=tl.uint32)
         depth = tl.zeros([], dtype=tl.int32)
         active = tl.full([], 1, dtype=tl.int32)
+        # the items a round counts: every valid one in round 0 (the bucket's keys), then those of the digit the
+        # round before chose; the rest of the loop's slots land in bin 0 and come off it, so no round counts them
+        slots_walked = tl.cdiv(n, BLOCK) * BLOCK
+        matching = in_bin
         for j in tl.static_range(4):
             if active == 1:
                 hist = tl.zeros([BINS], dtype=tl.int32)
-                misses = tl.zeros([], dtype=tl.int32)
                 for p0 in range(0, n, BLOCK):
                     _, key, valid = _items(row, cand_key, p0, n, b_top, from_row, BLOCK)
                     if j == 0:
@@ -187,14 +205,12 @@ def dsa_topk_resolve_kernel(
                         match = valid & ((key >> (32 - 8 * j)) == (prefix >> (32 - 8 * j)))
                     digit = ((key >> (24 - 8 * j)) & 0xFF).to(tl.int32)
                     hist += tl.histogram(tl.where(match, digit, 0), BINS)
-                    misses += tl.sum((match == 0).to(tl.int32), 0)
-                hist -= tl.where(offs == 0, misses, 0)
-                at_least = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # keys with this digit or a higher one
-                digit = tl.max(tl.where(at_least >= k_left, offs, 0), 0)
-                higher = tl.sum(tl.where(offs > digit, hist, 0), 0)
-                in_digit = tl.sum(tl.where(offs == digit, hist, 0), 0)
+                hist -= tl.where(offs == 0, slots_walked - matching, 0)
+                digit, higher, in_digit = threshold_bin(hist, k_left)
+                digit = tl.maximum(digit, 0)
                 prefix = prefix | (digit.to(tl.uint32) << (24 - 8 * j))
                 k_left -= higher
+                matching = in_digit
                 depth += 1
                 active = tl.where(in_digit == k_left, 0, 1)
         # every item above the threshold's bytes, then as many equal to them as are still needed, in item order
