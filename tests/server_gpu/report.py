@@ -332,9 +332,20 @@ def plot(data: dict, path: Path) -> None:
         vals = [r["breakdown_ms"].get(part, 0.0) for r in bars]
         b.bar(labels, vals, bottom=bottom, label=part, color=colors[i % len(colors)])
         bottom = [x + y for x, y in zip(bottom, vals, strict=True)]
-    b.set(ylabel="ms a decode step", title="where a step goes with our kernel (profiled)")
-    if parts:
+    if bars:
+        b.set(ylabel="ms a decode step", title="where a step goes with our kernel (profiled)")
         b.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:  # no profile in the run: what a step accepted, the other half of tokens/s
+        for (algorithm, kernel), (label, style) in SERIES.items():
+            pts = [r for r in data["rows"] if (r["algorithm"], r["kernel"]) == (algorithm, kernel)
+                   and r.get("accept_length")]
+            if pts:
+                b.plot([r["context"] for r in pts], [r["accept_length"] for r in pts], style, label=label)
+        b.set(xscale="log", xlabel="context (tokens)", ylabel="accepted tokens a step", ylim=(0, None),
+              title="accepted length (no profile in this run)")
+        b.grid(True, alpha=0.3)
+        if b.get_lines():
+            b.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
