@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -178,22 +179,15 @@ def mma_forms(ptx: str) -> list[str]:
     return sorted({shape + types for shape, types in forms})
 
 
-def _count(pattern: str, sass: str) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for op in re.findall(pattern, sass):
-        counts[op] = counts.get(op, 0) + 1
-    return counts
-
-
 def sass_mma(sass: str) -> dict[str, int]:
     """Count of each tensor-core instruction in SASS (HMMA.16816.F32..., QMMA.16832.F32.E4M3.E4M3...)."""
-    return _count(r"\b([HQ]MMA\.[0-9A-Z.]+)", sass)
+    return dict(Counter(re.findall(r"\b([HQ]MMA\.[0-9A-Z.]+)", sass)))
 
 
 def sass_loads(sass: str) -> dict[str, int]:
     """Count of each global-memory load form in SASS: LDG.E.U8 (a byte), LDG.E.128 (16 bytes), LDGSTS.E (an
     asynchronous 4-byte copy to shared memory)..."""
-    return _count(r"\b(LDGSTS\.[0-9A-Z.]+|LDG\.[0-9A-Z.]+)", sass)
+    return dict(Counter(re.findall(r"\b(LDGSTS\.[0-9A-Z.]+|LDG\.[0-9A-Z.]+)", sass)))
 
 
 def cuobjdump(cubin: bytes) -> tuple[int, int, int, str]:

@@ -22,7 +22,7 @@ import torch
 import triton
 
 from ddtree_kernels.dsa import DSAWorkspace, plan_dsa_verify
-from ddtree_kernels.dsa.launcher import DSA_SM120, DSA_TABLES, DSATiles
+from ddtree_kernels.dsa.launcher import DSATiles, dsa_tiles
 from ddtree_kernels.plan_types import Tile
 from ddtree_kernels.target import Target
 
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.emulate:
         enable_emulation(args.emulate, "cuda")
     target = Target.emulating(args.emulate, "cuda") if args.emulate else Target.detect("cuda")
-    base = DSA_TABLES.get(target.capability, DSA_SM120)
+    base = dsa_tiles(target)
     print(f"{torch.cuda.get_device_name()}, Triton {triton.__version__}, "
           f"{'sm_120 emulation' if args.emulate else 'native'}: µs a call, one replayed graph each", flush=True)
     rows = []

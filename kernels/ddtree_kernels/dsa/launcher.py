@@ -70,6 +70,11 @@ DSA_SM120 = DSATiles(
 DSA_TABLES: dict[tuple[int, int], DSATiles] = {(12, 0): DSA_SM120}
 
 
+def dsa_tiles(target: Target) -> DSATiles:
+    """The target's DSA_TABLES entry (sm_120's for a GPU without one, and for the interpreter)."""
+    return DSA_TABLES.get(target.capability, DSA_SM120) if target.capability else DSA_SM120
+
+
 @dataclass(frozen=True)
 class DSAPlan:
     """Static launch decisions for one DSA verify shape on one target."""
@@ -210,7 +215,7 @@ def plan_dsa_verify(batch_size: int, num_heads: int, max_draft_tokens: int, tota
     if not isinstance(target, Target):
         target = Target.detect(target)
     if tiles is None:
-        tiles = DSA_TABLES.get(target.capability, DSA_SM120) if target.capability else DSA_SM120
+        tiles = dsa_tiles(target)
     if candidates is not None and candidates < 1:
         raise ValueError(f"candidates must be >= 1, got {candidates}")
     return DSAPlan(batch_size, num_heads, max_draft_tokens, total_tokens, max_context, target, tiles, topk,
