@@ -30,6 +30,7 @@ from .bench import EMULATIONS, enable_emulation, time_in_graphs
 from .bench_dsa import D_V, DRAFT, HEADS, DSAProblem
 
 TILE_FORM = "MxNxWARPSxSTAGES[xPROGRAMS_PER_SM]"
+GROUPS = ("indexer", "collect", "resolve", "attention", "call")  # what time_kernels can time
 _FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "programs_per_sm")
 KERNEL_TILES = {"indexer": "indexer", "collect": "topk", "resolve": "topk_resolve"}  # option -> DSATiles field
 
@@ -91,8 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     for option in KERNEL_TILES:
         ap.add_argument(f"--{option}", action="append", type=lambda t, o=option: parse_tile(t, o),
                         help=f"a {option} tile, {TILE_FORM} (repeat)")
+    ap.add_argument("--kernels", default=",".join(GROUPS), type=lambda t: t.split(","),
+                    help="which of %(default)s the shipped entry's row times (default all)")
     ap.add_argument("--json", help="write every row here")
     args = ap.parse_args(argv)
+    if unknown := set(args.kernels) - set(GROUPS):
+        ap.error(f"--kernels {','.join(sorted(unknown))}: choose from {','.join(GROUPS)}")
     if not torch.cuda.is_available():
         print("sweep_dsa needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -107,8 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         bs, L = (int(x) for x in spec.lower().split("x"))
         p = DSAProblem(bs, L, "cuda")
         for name, tiles in variants(base, args):
-            which = ({"indexer", "collect", "resolve", "attention", "call"} if name == "default"
-                     else {name.split()[0], "call"})
+            which = set(args.kernels) if name == "default" else {name.split()[0], "call"}
             try:
                 got = time_kernels(p, tiles, target, which)
             except Exception as exc:  # a tile that does not compile or fit is a result, not a crash

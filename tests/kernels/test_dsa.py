@@ -150,6 +150,20 @@ def test_near_equal_logits_in_the_boundary_bucket(candidates):
     _check(case, out, ws)
 
 
+@pytest.mark.parametrize("scale", [2.0**40, 2.0**-40])
+def test_a_boundary_in_an_end_bucket_is_resolved_over_every_bit(scale):
+    """Index scales 2^40 (or 2^-40) times larger put the logits beyond the buckets' window, so the k-th key lies in
+    an end bucket, whose keys share no high bits (the resolve takes four rounds there, three inside the window):
+    the selected set is still the float64 reference's."""
+    case = make_dsa_case([300], [9], 8, DEVICE, topk=64)
+    _, scales = index_views(case.index_buf)
+    scales[:, 32] *= scale
+    out, ws = _run(case, 8)
+    hist = ws.state[:9, :256].cpu()
+    assert (hist[:, 128] + hist[:, 255] + hist[:, 0] + hist[:, 127] > 64).all()  # the rows crowd the end buckets
+    _check(case, out, ws)
+
+
 def test_exact_ties_overflowing_the_candidate_buffer():
     """All prefix keys identical (exact ties) and a buffer smaller than the tie: the fallback still writes exactly k
     distinct visible slots."""
@@ -211,3 +225,20 @@ def test_a_tile_table_given_to_the_plan_sets_its_splits():
     plan = plan_dsa_verify(1, 8, 9, 9, 185_000, sm120, tiles=more)
     assert plan.tiles is more and base.tiles is DSA_SM120
     assert plan.index_splits > base.index_splits and plan.topk_splits < base.topk_splits
+
+
+def test_short_rows_give_the_indexer_programs_to_token_groups():
+    """Where a row's key splits (of at least min_chunk keys) leave program slots idle, the indexer's grid has more
+    programs, which the kernel gives to groups of the tree's tokens (test_dsa_matches_the_reference runs that on the
+    interpreter's 8 slots: a 309-key row has 2 splits and 8 programs); a long row fills the slots with splits alone."""
+    from ddtree_kernels.dsa.launcher import DSA_SM120
+    from ddtree_kernels.target import Target
+
+    sm120 = Target.named("sm120")
+    slots = sm120.sms * DSA_SM120.indexer.programs_per_sm
+    short = plan_dsa_verify(1, 8, 9, 9, 8192, sm120)
+    key_splits = -(-short.logits_width // DSA_SM120.min_chunk)
+    assert key_splits < short.index_splits <= min(slots, key_splits * DSA_SM120.indexer.block_m)
+    long = plan_dsa_verify(1, 8, 9, 9, 185_000, sm120)
+    assert long.index_splits <= slots
+    assert plan_dsa_verify(1, 8, 9, 9, 300, TARGET, topk=64).index_splits > 2

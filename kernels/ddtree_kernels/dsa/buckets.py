@@ -32,3 +32,13 @@ def bucket(key):
     pos = tl.minimum(tl.maximum(t - 512 - _WINDOW_LO, 0), 127)
     neg = tl.minimum(tl.maximum(511 - t - _WINDOW_LO, 0), 127)
     return tl.where(t >= 512, 128 + pos, 127 - neg)
+
+
+@triton.jit
+def bucket_prefix(b):
+    """(the sort-key bits every key of bucket `b` shares, the rest zero; how many low bits they leave open). A bucket
+    inside the window is one value of `sort_key >> 22`, so it fixes the top 10 bits; an end bucket (0, 127, 128, 255:
+    magnitudes clamped into it) fixes none."""
+    inside = (b != 0) & (b != 127) & (b != 128) & (b != 255)
+    t = tl.where(b >= 128, b - 128 + 512 + _WINDOW_LO, b + 384 - _WINDOW_LO)  # inverts `bucket` inside the window
+    return tl.where(inside, t.to(tl.uint32) << 22, 0).to(tl.uint32), tl.where(inside, 22, 32)

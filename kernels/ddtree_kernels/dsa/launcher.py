@@ -138,8 +138,15 @@ class DSAPlan:
 
     @cached_property
     def index_splits(self) -> int:
-        return split_count(self.token_blocks * self.batch_size, self.target.sms * self.tiles.indexer.programs_per_sm,
-                           max(1, -(-self.logits_width // self.tiles.min_chunk)))
+        """The indexer's programs a token block (grid axis 1): key splits of the longest row, and where those leave
+        the GPU's program slots idle, as many more (up to one a token) for the kernel to give groups of the block's
+        tokens at run time."""
+        blocks = self.token_blocks * self.batch_size
+        slots = self.target.sms * self.tiles.indexer.programs_per_sm
+        splits = split_count(blocks, slots, max(1, -(-self.logits_width // self.tiles.min_chunk)))
+        if splits * blocks >= slots:
+            return splits
+        return min(max(splits, slots // blocks), splits * self.tiles.indexer.block_m)
 
     @cached_property
     def topk_splits(self) -> int:

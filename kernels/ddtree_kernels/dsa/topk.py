@@ -12,8 +12,9 @@ whatever the logits' scale. Passes over a token's row:
    the slot of every key above B into the selection and appending each key of B (its sort key and slot) to the
    token's candidate buffer, `CANDIDATES` entries. Where B holds exactly the keys still needed it is written whole,
    and a take-all token writes all its visible keys here;
-2. `dsa_topk_resolve_kernel`, one program a token: a radix select (four 8-bit rounds over the full sort key) among
-   B's candidates, then their chosen slots written; it sets the count and clears the token's counters.
+2. `dsa_topk_resolve_kernel`, one program a token: a radix select among B's candidates over the sort-key bits
+   B leaves open (three rounds, of 8, 8 and 6 bits, inside the buckets' window; four of 8 in an end bucket), then
+   their chosen slots written; it sets the count and clears the token's counters.
 
 The bound: B holds the k-th key and every key tied with it in its bucket. The histogram says how many (`in_bin`)
 before anything is appended, so overflow is known, not detected: where B holds more than `CANDIDATES` keys the
@@ -31,7 +32,7 @@ Invisible keys hold -inf (indexer.py), below every finite logit, so they are nev
 import triton
 import triton.language as tl
 
-from .buckets import BINS, bucket, sort_key
+from .buckets import BINS, bucket, bucket_prefix, sort_key
 from .indexer import key_slots, request_keys
 
 COUNTERS = 2  # after the histogram: keys written above the boundary bucket, candidates appended
@@ -185,43 +186,41 @@ def dsa_topk_resolve_kernel(
         cand_key = CandKey + token.to(tl.int64) * stride_ct
         cand_slot = CandSlot + token.to(tl.int64) * stride_ct
         offs = tl.arange(0, BINS)
-        # radix select over the 32-bit sort key: each round fixes one byte of the k_left-th key among the items
-        # whose higher bytes equal the prefix so far, and stops once its byte's bin holds exactly the keys needed
-        prefix = tl.zeros([], dtype=tl.uint32)
-        depth = tl.zeros([], dtype=tl.int32)
+        # radix select over the sort-key bits the bucket leaves open (22 inside the window: rounds of 8, 8 and 6
+        # bits; 32 in an end bucket: four of 8): each round fixes the next digit of the k_left-th key among the
+        # items equal to the prefix so far, and stops once its digit's bin holds exactly the keys needed
+        prefix, known = bucket_prefix(b_top)  # known: the low bits not fixed yet
         active = tl.full([], 1, dtype=tl.int32)
-        # the items a round counts: every valid one in round 0 (the bucket's keys), then those of the digit the
-        # round before chose; the rest of the loop's slots land in bin 0 and come off it, so no round counts them
+        # the items a round counts: every valid one in the first round (the bucket's keys), then those of the digit
+        # the round before chose; the rest of the loop's slots land in bin 0 and come off it, so no round counts them
         slots_walked = tl.cdiv(n, BLOCK) * BLOCK
         matching = in_bin
-        for j in tl.static_range(4):
+        for _round in tl.static_range(4):
             if active == 1:
+                shift = tl.maximum(known - 8, 0)
                 hist = tl.zeros([BINS], dtype=tl.int32)
                 for p0 in range(0, n, BLOCK):
-                    _, key, valid = _items(row, cand_key, p0, n, b_top, from_row, BLOCK)
-                    if j == 0:
-                        match = valid
-                    else:
-                        match = valid & ((key >> (32 - 8 * j)) == (prefix >> (32 - 8 * j)))
-                    digit = ((key >> (24 - 8 * j)) & 0xFF).to(tl.int32)
-                    hist += tl.histogram(tl.where(match, digit, 0), BINS)
+                    _idx, key, valid = _items(row, cand_key, p0, n, b_top, from_row, BLOCK)
+                    # 64-bit: the first round of an end bucket shifts by 32
+                    match = valid & (((key ^ prefix).to(tl.uint64) >> known.to(tl.uint64)) == 0)
+                    item_digit = ((key >> shift.to(tl.uint32)) & 0xFF).to(tl.int32)
+                    hist += tl.histogram(tl.where(match, item_digit, 0), BINS)
                 hist -= tl.where(offs == 0, slots_walked - matching, 0)
                 digit, higher, in_digit = threshold_bin(hist, k_left)
                 digit = tl.maximum(digit, 0)
-                prefix = prefix | (digit.to(tl.uint32) << (24 - 8 * j))
+                prefix = prefix | (digit.to(tl.uint32) << shift.to(tl.uint32))
                 k_left -= higher
                 matching = in_digit
-                depth += 1
-                active = tl.where(in_digit == k_left, 0, 1)
-        # every item above the threshold's bytes, then as many equal to them as are still needed, in item order
-        shift = (32 - 8 * depth).to(tl.uint32)
-        thr = prefix >> shift
+                known = shift
+                active = tl.where((in_digit == k_left) | (shift == 0), 0, 1)
+        # every item above the threshold's fixed bits, then as many equal to them as are still needed, in item order
+        thr = prefix.to(tl.uint64) >> known.to(tl.uint64)
         taken = base
         ties = tl.zeros([], dtype=tl.int32)
         sel = Sel + token.to(tl.int64) * stride_selt
         for p0 in range(0, n, BLOCK):
             idx, key, valid = _items(row, cand_key, p0, n, b_top, from_row, BLOCK)
-            top = key >> shift  # depth >= 1: shift <= 24
+            top = key.to(tl.uint64) >> known.to(tl.uint64)
             above = valid & (top > thr)
             tie = valid & (top == thr)
             tie_rank = ties + tl.cumsum(tie.to(tl.int32), 0) - 1
