@@ -56,7 +56,8 @@ D_QK, D_V = 576, 512
 
 class DSAProblem:
     """One case's inputs: queries, a tree, index queries and gates, and several latent pools with their index keys
-    and slot lists, rotated so L2 never holds the working set."""
+    and slot lists, rotated so L2 never holds the working set. Seeded by the case: the top-k's work depends on the
+    logits (how many keys share the boundary bucket), so two processes, or two commits, time the same inputs."""
 
     def __init__(self, bs: int, L: int, device: str, l2_bytes: int = 50 << 20):
         self.bs, self.L = bs, L
@@ -64,18 +65,21 @@ class DSAProblem:
         self.T = T
         self.qo = (torch.arange(bs + 1, dtype=torch.int32) * DRAFT).to(device)
         self.kv = (torch.arange(bs + 1, dtype=torch.int32) * L).to(device)
-        self.vis = masks.parents_to_visibility(masks.random_parents([DRAFT] * bs), self.qo.cpu(), DRAFT).to(device)
-        self.q = torch.randn(T, HEADS, D_QK, device=device, dtype=torch.bfloat16)
-        self.index_q, q_scale = act_quant(torch.randn(T, INDEX_HEADS, 128, device=device))
-        gates = torch.randn(T, INDEX_HEADS, device=device)
+        cpu = torch.Generator().manual_seed(bs * 1_000_003 + L)
+        gen = torch.Generator(device=device).manual_seed(bs * 1_000_003 + L)
+        self.vis = masks.parents_to_visibility(masks.random_parents([DRAFT] * bs, cpu), self.qo.cpu(), DRAFT).to(device)
+        self.q = torch.randn(T, HEADS, D_QK, device=device, dtype=torch.bfloat16, generator=gen)
+        self.index_q, q_scale = act_quant(torch.randn(T, INDEX_HEADS, 128, device=device, generator=gen))
+        gates = torch.randn(T, INDEX_HEADS, device=device, generator=gen)
         self.index_w = (gates * INDEX_HEADS**-0.5 * q_scale * 128**-0.5).float()
         pool_bytes = S * (D_QK * 2 + INDEX_ROW_BYTES)
         self.pools = []
         for _ in range(max(2, min(6, math.ceil(4 * l2_bytes / pool_bytes)))):
-            k = torch.randn(S, 1, D_QK, device=device).to(torch.bfloat16)
+            k = torch.randn(S, 1, D_QK, device=device, generator=gen).to(torch.bfloat16)
             index_buf = new_index_buffer(S, device)
-            write_index_keys(index_buf, torch.arange(S, device=device), torch.randn(S, 128, device=device))
-            perm = torch.randperm(S, device=device)
+            index_keys = torch.randn(S, 128, device=device, generator=gen)
+            write_index_keys(index_buf, torch.arange(S, device=device), index_keys)
+            perm = torch.randperm(S, device=device, generator=gen)
             slots, tree_slots = perm[: bs * L], perm[bs * L: bs * L + T]
             self.pools.append((k, index_buf, slots, tree_slots))
 
