@@ -2,6 +2,7 @@
 
     python -m ddtree_tools.sweep_dsa --emulate sm120 --case 1x185000 --indexer 16x128x4x3x2 --indexer 8x128x4x3x3
     python -m ddtree_tools.sweep_dsa --emulate sm120 --case 1x65536 --collect 1x2048x4x1x8 --resolve 1x4096x8x1
+    python -m ddtree_tools.sweep_dsa --emulate sm120 --case 1x185000 --attention 16x16x4x2
 
 A tile is MxNxWARPSxSTAGES[xPROGRAMS_PER_SM] (programs an SM set the split count). Each variant is the target's
 DSA_TABLES entry with that one kernel's tile replaced; the shipped entry is timed first. Per case it prints the
@@ -32,7 +33,8 @@ from .bench_dsa import D_V, DRAFT, HEADS, DSAProblem
 TILE_FORM = "MxNxWARPSxSTAGES[xPROGRAMS_PER_SM]"
 GROUPS = ("indexer", "collect", "resolve", "attention", "call")  # what time_kernels can time
 _FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "programs_per_sm")
-KERNEL_TILES = {"indexer": "indexer", "collect": "topk", "resolve": "topk_resolve"}  # option -> DSATiles field
+KERNEL_TILES = {"indexer": "indexer", "collect": "topk", "resolve": "topk_resolve",  # option -> DSATiles field
+                "attention": "attention"}
 
 
 def parse_tile(text: str, kernel: str) -> Tile:

@@ -41,14 +41,17 @@ def test_dsa_sweep_variants_replace_one_kernel_each():
 
     indexer = parse_tile("8x128x4x3x3", "indexer")
     assert indexer == Tile("indexer", 8, 128, 4, 3, programs_per_sm=3)
-    args = argparse.Namespace(indexer=[indexer], collect=None, resolve=[parse_tile("1x8192x16x1", "resolve")])
+    args = argparse.Namespace(indexer=[indexer], collect=None, resolve=[parse_tile("1x8192x16x1", "resolve")],
+                              attention=[parse_tile("16x16x4x2", "attention")])
     got = dict(variants(DSA_SM120, args))
-    assert list(got) == ["default", "indexer 8x128x4x3x3", "resolve 1x8192x16x1x1"]
+    assert list(got) == ["default", "indexer 8x128x4x3x3", "resolve 1x8192x16x1x1", "attention 16x16x4x2x1"]
     assert got["default"] is DSA_SM120
     assert got["indexer 8x128x4x3x3"].indexer.kernel == DSA_SM120.indexer.kernel  # the kernel the entry names
     assert got["indexer 8x128x4x3x3"].topk_resolve == DSA_SM120.topk_resolve
     assert got["resolve 1x8192x16x1x1"].topk_resolve.block_n == 8192
     assert got["resolve 1x8192x16x1x1"].indexer == DSA_SM120.indexer
+    assert got["attention 16x16x4x2x1"].attention == Tile(DSA_SM120.attention.kernel, 16, 16, 4, 2)
+    assert got["attention 16x16x4x2x1"].attention_fp8 == DSA_SM120.attention_fp8  # the bf16 cache's tile only
 
 
 @pytest.mark.parametrize("spec", ["16x128", "16x128x4x3x2+prefetch_q", "16x0x4x3", "axbxcxd"])
