@@ -190,8 +190,14 @@ def test_random_copies_paste_the_random_passage_they_put_earlier():
         assert len(runs) == 2 and len(runs[0]) == len(runs[1]) >= 8, runs
         assert torch.equal(row[runs[0]], row[runs[1]])
     assert 10 < copies < 54  # about half the windows have a copy
-    none = tp.Batches(tokens, tp.Schedule(seq=256, batch=64, random_copies=0.0), "cpu")()[0]
-    assert not torch.isin(none, tp.PRINTABLE).any()
+    none = tp.Batches(tokens, tp.Schedule(seq=256, batch=64, random_copies=0.0), "cpu")
+    first, second = none(), none()
+    assert not torch.isin(torch.cat([first[0], second[0]]), tp.PRINTABLE).any()
+    # the random passages draw from their own generator: the windows' text and positions, batch after batch, are
+    # those of any random_copies
+    other = tp.Batches(tokens, tp.Schedule(seq=256, batch=64, random_copies=1.0), "cpu")
+    other()
+    assert torch.equal(other()[1], second[1])
 
 
 @pytest.fixture(scope="module")

@@ -402,6 +402,9 @@ class Batches:
     def __init__(self, tokens: torch.Tensor, sched: Schedule, device: str):
         self.tokens, self.s, self.device = tokens, sched, device
         self.gen = torch.Generator(device=device).manual_seed(sched.seed)
+        # the random passages draw from a generator of their own: with random_copies=0 the windows are those of a
+        # schedule without them, batch after batch
+        self.gen_copies = torch.Generator(device=device).manual_seed(sched.seed + 1)
 
     def _rand(self, n: int, low, high) -> torch.Tensor:
         u = torch.rand(n, generator=self.gen, device=self.device)
@@ -421,8 +424,8 @@ class Batches:
         src = torch.where(inside, starts[:, None] + s[:, None] + i[None] - d[:, None], src)
         ids = self.tokens[src]
         # random passages: the source's positions get random bytes, the paste the same ones
-        rand = (torch.rand(b, generator=self.gen, device=self.device) < self.s.random_copies) & (p > 0)
-        noise = self._rand(b * t, 0, len(PRINTABLE)).view(b, t)
+        rand = (torch.rand(b, generator=self.gen_copies, device=self.device) < self.s.random_copies) & (p > 0)
+        noise = torch.randint(0, len(PRINTABLE), (b, t), generator=self.gen_copies, device=self.device)
         at = torch.where(inside, s[:, None] + i[None] - d[:, None], i[None].expand(b, t))
         in_source = (i[None] >= s[:, None]) & (i[None] < (s + p)[:, None])
         printable = PRINTABLE.to(self.device)

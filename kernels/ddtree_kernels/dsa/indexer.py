@@ -6,13 +6,16 @@ token t's request: the prefix (slots `kv_indices[kv_indptr[b]:]`) and then the t
 request and a group of up to BLOCK_T of its tree tokens: it gathers each [BLOCK_N, 128] fp8 key tile once and, for
 each token of the group in turn, multiplies it with that token's [HI, 128] queries on the tensor cores (e4m3
 `mma.sync` m16n8k32 on sm_120): the [BLOCK_N, HI] scores stay in the MMA's own layout, so relu, the gates and the
-sum over the token's heads are a reduction inside each thread quad, with no layout change. So a 9-token tree (one
-group) reads every key once, and M x N of the MMAs is the keys x 32 heads with no padded rows; splits fill the GPU
-(launcher.split_count). The epilogue is the top-k's first pass: each token's 256-bucket histogram of the logits it
-wrote (buckets.py) is kept in registers for the group and added into the top-k state once a program, one atomic add
-a non-empty bucket a token. A request whose keys all fit the top-k is not scored at all (its tokens take every
-visible key: topk.py). On Hopper the dot runs on bf16 (DOT_BF16, exact for e4m3 values): its fp8 wgmma keeps fewer
-accumulator bits, enough to move near-tie keys across the top-k boundary (3e-2 from the reference at 128k).
+sum over the token's heads are a reduction inside each thread quad, with no layout change. So where a row's key
+splits fill the GPU, a 9-token tree (one group) reads every key once, and M x N of the MMAs is the keys x 32 heads
+with no padded rows (launcher.split_count). A short row's splits leave program slots idle: there the plan launches
+more programs and each key split's programs take groups of the tree's tokens, each group reading the split's keys
+again (from L2), for the GPU's width (DSAPlan.index_splits). The epilogue is the top-k's first pass: each token's
+256-bucket histogram of the logits it wrote (buckets.py) is kept in registers for the group and added into the
+top-k state once a program, one atomic add a non-empty bucket a token. A request whose keys all fit the top-k is
+not scored at all (its tokens take every visible key: topk.py). On Hopper the dot runs on bf16 (DOT_BF16, exact
+for e4m3 values): its fp8 wgmma keeps fewer accumulator bits, enough to move near-tie keys across the top-k
+boundary (3e-2 from the reference at 128k).
 
 Budget on sm_120 (DSA_SM120, 16 tokens a group): keys 128 x 128 fp8 (16 KB) in 3 stages, one token's queries
 32 x 128 fp8 (4 KB), the group's histograms 16 x 256 int32 in registers, 4 warps; `make fit` states the figures.

@@ -139,8 +139,9 @@ class DSAPlan:
     @cached_property
     def index_splits(self) -> int:
         """The indexer's programs a token block (grid axis 1): key splits of the longest row, and where those leave
-        the GPU's program slots idle, as many more (up to one a token) for the kernel to give groups of the block's
-        tokens at run time."""
+        the GPU's program slots idle, as many more as fill them (at most block_m a split) for the kernel to give
+        groups of the block's tokens at run time; programs past the last group return at once (9 tokens on 8
+        programs a split make 5 groups of 2)."""
         blocks = self.token_blocks * self.batch_size
         slots = self.target.sms * self.tiles.indexer.programs_per_sm
         splits = split_count(blocks, slots, max(1, -(-self.logits_width // self.tiles.min_chunk)))
