@@ -161,6 +161,10 @@ def test_a_boundary_in_an_end_bucket_is_resolved_over_every_bit(scale):
     out, ws = _run(case, 8)
     hist = ws.state[:9, :256].cpu()
     assert (hist[:, 128] + hist[:, 255] + hist[:, 0] + hist[:, 127] > 64).all()  # the rows crowd the end buckets
+    # and the 64th key of each token's row lies in one of them: the resolve's 32-bit path is the one that ran
+    from_top = hist.flip(1).cumsum(1)
+    boundary = 255 - (from_top >= 64).int().argmax(1)
+    assert set(boundary.tolist()) <= {0, 127, 128, 255}, boundary.tolist()
     _check(case, out, ws)
 
 
