@@ -65,8 +65,8 @@ class DSAProblem:
         self.T = T
         self.qo = (torch.arange(bs + 1, dtype=torch.int32) * DRAFT).to(device)
         self.kv = (torch.arange(bs + 1, dtype=torch.int32) * L).to(device)
-        cpu = torch.Generator().manual_seed(bs * 1_000_003 + L)
-        gen = torch.Generator(device=device).manual_seed(bs * 1_000_003 + L)
+        seed = bs * 1_000_003 + L
+        cpu, gen = torch.Generator().manual_seed(seed), torch.Generator(device=device).manual_seed(seed)
         self.vis = masks.parents_to_visibility(masks.random_parents([DRAFT] * bs, cpu), self.qo.cpu(), DRAFT).to(device)
         self.q = torch.randn(T, HEADS, D_QK, device=device, dtype=torch.bfloat16, generator=gen)
         self.index_q, q_scale = act_quant(torch.randn(T, INDEX_HEADS, 128, device=device, generator=gen))

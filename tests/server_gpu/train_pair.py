@@ -405,6 +405,7 @@ class Batches:
         # the random passages draw from a generator of their own: with random_copies=0 the windows are those of a
         # schedule without them, batch after batch
         self.gen_copies = torch.Generator(device=device).manual_seed(sched.seed + 1)
+        self.printable = PRINTABLE.to(device)
 
     def _rand(self, n: int, low, high) -> torch.Tensor:
         u = torch.rand(n, generator=self.gen, device=self.device)
@@ -414,22 +415,19 @@ class Batches:
         b, t = self.s.batch, self.s.seq
         starts = self._rand(b, 0, len(self.tokens) - t - 1)
         i = torch.arange(t, device=self.device)
-        src = starts[:, None] + i
         # a copy: [s, s+p) pasted at d >= s+p (p = 0: none)
         p = self._rand(b, max(2, t // 32), max(3, 3 * t // 8)) * (torch.rand(b, generator=self.gen, device=self.device)
                                                                    < 0.5)
         s = (torch.rand(b, generator=self.gen, device=self.device) * (t // 2 - p).clamp_min(1)).long()
         d = s + p + (torch.rand(b, generator=self.gen, device=self.device) * (t - 2 * p - s).clamp_min(1)).long()
         inside = (i[None] >= d[:, None]) & (i[None] < (d + p)[:, None])
-        src = torch.where(inside, starts[:, None] + s[:, None] + i[None] - d[:, None], src)
-        ids = self.tokens[src]
+        at = torch.where(inside, s[:, None] + i[None] - d[:, None], i[None])  # the window position each one reads
+        ids = self.tokens[starts[:, None] + at]
         # random passages: the source's positions get random bytes, the paste the same ones
         rand = (torch.rand(b, generator=self.gen_copies, device=self.device) < self.s.random_copies) & (p > 0)
         noise = torch.randint(0, len(PRINTABLE), (b, t), generator=self.gen_copies, device=self.device)
-        at = torch.where(inside, s[:, None] + i[None] - d[:, None], i[None].expand(b, t))
         in_source = (i[None] >= s[:, None]) & (i[None] < (s + p)[:, None])
-        printable = PRINTABLE.to(self.device)
-        ids = torch.where(rand[:, None] & (inside | in_source), printable[noise.gather(1, at)], ids)
+        ids = torch.where(rand[:, None] & (inside | in_source), self.printable[noise.gather(1, at)], ids)
         # PoSE: positions jump by `skip` at `cut` (between a copy's source and its paste where there is one)
         cut = torch.where(p > 0, s + p + (torch.rand(b, generator=self.gen, device=self.device)
                                           * (d - s - p + 1).float()).long(), self._rand(b, 1, t))

@@ -40,5 +40,5 @@ def bucket_prefix(b):
     inside the window is one value of `sort_key >> 22`, so it fixes the top 10 bits; an end bucket (0, 127, 128, 255:
     magnitudes clamped into it) fixes none."""
     inside = (b != 0) & (b != 127) & (b != 128) & (b != 255)
-    t = tl.where(b >= 128, b - 128 + 512 + _WINDOW_LO, b + 384 - _WINDOW_LO)  # inverts `bucket` inside the window
+    t = tl.where(b >= 128, b - 128 + 512 + _WINDOW_LO, 511 - (127 - b) - _WINDOW_LO)  # `bucket` inverted, inside
     return tl.where(inside, t.to(tl.uint32) << 22, 0).to(tl.uint32), tl.where(inside, 22, 32)
