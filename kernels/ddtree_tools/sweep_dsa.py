@@ -6,10 +6,11 @@
 
 A tile is MxNxWARPSxSTAGES[xPROGRAMS_PER_SM] (programs an SM set the split count). Each variant is the target's
 DSA_TABLES entry with that one kernel's tile replaced; the shipped entry is timed first. Per case it prints the
-indexer alone (with the top-k state's memset), the top-k's collect and resolve passes apart (collect is timed with
-the resolve after it, which resets the counters collect adds to, less the resolve alone), the sparse attention with
-its merge, and the whole call, each the median of a replayed graph over rotated pools (bench_dsa.DSAProblem, the
-benchmark's inputs). A variant times its own kernel and the whole call. `--json PATH` writes every row.
+indexer alone, the top-k's passes apart (the histogram with the state's memset; collect is timed with the histogram
+before it and the resolve after it, which resets the counters collect adds to, less those two alone), the sparse
+attention with its merge, and the whole call, each the median of a replayed graph over rotated pools
+(bench_dsa.DSAProblem, the benchmark's inputs). A variant times its own kernel and the whole call. `--json PATH`
+writes every row.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .bench import EMULATIONS, enable_emulation, time_in_graphs
 from .bench_dsa import D_V, DRAFT, HEADS, DSAProblem
 
 TILE_FORM = "MxNxWARPSxSTAGES[xPROGRAMS_PER_SM]"
-GROUPS = ("indexer", "collect", "resolve", "attention", "call")  # what time_kernels can time
+GROUPS = ("indexer", "histogram", "collect", "resolve", "attention", "call")  # what time_kernels can time
 _FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "programs_per_sm")
 KERNEL_TILES = {"indexer": "indexer", "collect": "topk", "resolve": "topk_resolve",  # option -> DSATiles field
                 "attention": "attention"}
@@ -64,7 +65,7 @@ def variants(base: DSATiles, args) -> list[tuple[str, DSATiles]]:
 
 
 def time_kernels(p: DSAProblem, tiles: DSATiles, target: Target, which: set[str]) -> dict[str, float]:
-    """Median µs of each kernel group asked for (`which` of indexer, collect, resolve, attention, call)."""
+    """Median µs of each kernel group asked for (`which` of indexer, histogram, collect, resolve, attention, call)."""
     plan = plan_dsa_verify(p.bs, HEADS, DRAFT, p.T, p.L, target, tiles=tiles)
     ws = DSAWorkspace(plan, "cuda")
     out = torch.empty(p.T, HEADS, D_V, dtype=torch.bfloat16, device="cuda")
@@ -77,9 +78,10 @@ def time_kernels(p: DSAProblem, tiles: DSATiles, target: Target, which: set[str]
     got = {"splits": f"index {plan.index_splits}, collect {plan.topk_splits}, attention {plan.attention_splits}"}
     if "indexer" in which:
         got["indexer"] = timed(("indexer",))
-    if {"collect", "resolve"} & which:
+    if {"histogram", "collect", "resolve"} & which:
+        got["histogram"] = timed(("topk_histogram",))
         got["resolve"] = timed(("topk_resolve",))
-        got["collect"] = timed(("topk",)) - got["resolve"]
+        got["collect"] = timed(("topk",)) - got["resolve"] - got["histogram"]
     if "attention" in which:
         got["attention"] = timed(("attention",))
     if "call" in which:

@@ -52,6 +52,7 @@ def _run(case, heads, *, max_context=None, candidates=None):
 
 @pytest.mark.parametrize(("prefixes", "drafts", "heads", "topk"), [
     ([300], [9], 8, 64),  # GLM-5's tree shape, prefix longer than the top-k
+    ([300], [4], 8, 64),  # one indexer token block: its 2 key splits leave slots to groups of its tokens
     ([40, 0, 700], [5, 3, 9], 8, 64),  # ragged: shorter than the top-k, empty, longer
     ([30], [9], 16, 64),  # every key visible: all of them attended
     ([0], [1], 8, 16),  # decode, empty prefix: the token sees itself only
@@ -122,7 +123,7 @@ def test_exact_ties_at_the_boundary_fill_the_top_k_once_each():
 
 
 def _boundary_counts(ws, tokens: int, topk: int) -> list[int]:
-    """Keys in each token's boundary bucket, from the histogram the indexer left in the workspace."""
+    """Keys in each token's boundary bucket, from the histogram the top-k left in the workspace."""
     hist = ws.state[:tokens, :256].cpu()
     counts = []
     for t in range(tokens):
@@ -205,7 +206,7 @@ def test_a_call_run_kernel_by_kernel_is_the_whole_call():
     whole = torch.empty(9, 8, 512, dtype=torch.bfloat16, device=DEVICE)
     parts = torch.full_like(whole, float("nan"))
     run_dsa_verify(plan, whole_ws, *case.args, whole, sm_scale=case.sm_scale)
-    for kernel in ("indexer", "topk_collect", "topk_resolve", "attention"):
+    for kernel in ("indexer", "topk_histogram", "topk_collect", "topk_resolve", "attention"):
         run_dsa_verify(plan, parts_ws, *case.args, parts, sm_scale=case.sm_scale, stages=(kernel,))
     assert [_selected(parts_ws, t) for t in range(9)] == [_selected(whole_ws, t) for t in range(9)]
     # the same keys; on a GPU the collect pass's atomics may order them otherwise, so the sums only to rounding
@@ -234,7 +235,8 @@ def test_a_tile_table_given_to_the_plan_sets_its_splits():
 def test_short_rows_give_the_indexer_programs_to_token_groups():
     """Where a row's key splits (of at least min_chunk keys) leave program slots idle, the indexer's grid has more
     programs, which the kernel gives to groups of the tree's tokens (test_dsa_matches_the_reference runs that on the
-    interpreter's 8 slots: a 309-key row has 2 splits and 8 programs); a long row fills the slots with splits alone."""
+    interpreter's 8 slots: a 304-key row of 4 tokens has 2 splits and 8 programs); a long row fills the slots with
+    splits alone."""
     from ddtree_kernels.dsa.launcher import DSA_SM120
     from ddtree_kernels.target import Target
 
@@ -245,4 +247,4 @@ def test_short_rows_give_the_indexer_programs_to_token_groups():
     assert key_splits < short.index_splits <= min(slots, key_splits * DSA_SM120.indexer.block_m)
     long = plan_dsa_verify(1, 8, 9, 9, 185_000, sm120)
     assert long.index_splits <= slots
-    assert plan_dsa_verify(1, 8, 9, 9, 300, TARGET, topk=64).index_splits > 2
+    assert plan_dsa_verify(1, 8, 4, 4, 300, TARGET, topk=64).index_splits > 2

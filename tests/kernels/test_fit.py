@@ -175,7 +175,7 @@ def test_dsa_kernels_fit_sm120_and_the_indexer_multiplies_in_e4m3(fit_report):
     spills, no Hopper-only instructions, and the indexer's fp8 dot on sm_120's e4m3 mma.sync (QMMA in SASS)."""
     dsa = [r for r in fit_report if r["kernel"].startswith("dsa:")]
     kernels = {r["kernel"] for r in dsa}
-    assert kernels == {"dsa:indexer", "dsa:topk", "dsa:topk_resolve", "dsa:attention"}, kernels
+    assert kernels == {"dsa:indexer", "dsa:topk_histogram", "dsa:topk", "dsa:topk_resolve", "dsa:attention"}, kernels
     assert any(r["variant"].endswith(",n=64") for r in dsa if r["kernel"] == "dsa:topk")  # the prefill's chunk
     for r in dsa:
         assert not r["error"] and r["fits"], r
@@ -188,10 +188,10 @@ def test_dsa_kernels_fit_sm120_and_the_indexer_multiplies_in_e4m3(fit_report):
 
 def test_the_dsa_indexer_gathers_keys_four_bytes_at_a_time(fit_report):
     """A key row of the index buffer is 132 bytes (4-byte aligned, never 16): the indexer says so, and its gather on
-    sm_120 compiles to 4-byte loads, not to byte loads (its earlier form: 161 byte loads a tile, 128 of them the key
-    tile's; now one, the tree's visibility)."""
+    sm_120 compiles to 4-byte loads, synchronous or asynchronous copies into shared memory (LDGSTS), not to byte
+    loads (its earlier form: 161 byte loads a tile, 128 of them the key tile's; now a few, the tree's visibility)."""
     indexer = [r for r in fit_report if r["kernel"] == "dsa:indexer" and r["target"] == "sm_120"]
     assert indexer
     for r in indexer:
         loads = r["sass_loads"]
-        assert loads.get("LDG.E.U8", 0) < 16 and loads.get("LDG.E", 0) >= 32, loads
+        assert loads.get("LDG.E.U8", 0) < 16 and loads.get("LDG.E", 0) + loads.get("LDGSTS.E", 0) >= 32, loads

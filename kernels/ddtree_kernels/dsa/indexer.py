@@ -10,22 +10,21 @@ sum over the token's heads are a reduction inside each thread quad, with no layo
 splits fill the GPU, a 9-token tree (one group) reads every key once, and M x N of the MMAs is the keys x 32 heads
 with no padded rows (launcher.split_count). A short row's splits leave program slots idle: there the plan launches
 more programs and each key split's programs take groups of the tree's tokens, each group reading the split's keys
-again (from L2), for the GPU's width (DSAPlan.index_splits). The epilogue is the top-k's first pass: each token's
-256-bucket histogram of the logits it wrote (buckets.py) is kept in registers for the group and added into the
-top-k state once a program, one atomic add a non-empty bucket a token. A request whose keys all fit the top-k is
-not scored at all (its tokens take every visible key: topk.py). On Hopper the dot runs on bf16 (DOT_BF16, exact
+again (from L2), for the GPU's width (DSAPlan.index_splits). The top-k's bucket histogram is a pass of its own
+(topk.py): in this epilogue, a 256-bin `tl.histogram` a token a tile cost a third of the indexer's time, more than
+the pass that reads the logits back. A request whose keys all fit the top-k is not scored at all (its tokens take
+every visible key: topk.py). On Hopper the dot runs on bf16 (DOT_BF16, exact
 for e4m3 values): its fp8 wgmma keeps fewer accumulator bits, enough to move near-tie keys across the top-k
 boundary (3e-2 from the reference at 128k).
 
 Budget on sm_120 (DSA_SM120, 16 tokens a group): keys 128 x 128 fp8 (16 KB) in 3 stages, one token's queries
-32 x 128 fp8 (4 KB), the group's histograms 16 x 256 int32 in registers, 4 warps; `make fit` states the figures.
+32 x 128 fp8 (4 KB), 4 warps; `make fit` states the figures.
 """
 
 import triton
 import triton.language as tl
 
 from ..tile import dot_operand
-from .buckets import BINS, bucket, sort_key
 
 
 @triton.jit
@@ -54,8 +53,8 @@ def key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, pos, ok):
 
 @triton.jit
 def dsa_index_logits_kernel(
-    IQ, IW, index_k, index_s, kv_indices, kv_indptr, qo_indptr, tree_slots, vis, Logits, State, min_chunk,
-    stride_iqt, stride_iqh, stride_iwt, stride_ik, stride_is, stride_vis, stride_lt, stride_st,
+    IQ, IW, index_k, index_s, kv_indices, kv_indptr, qo_indptr, tree_slots, vis, Logits, min_chunk,
+    stride_iqt, stride_iqh, stride_iwt, stride_ik, stride_is, stride_vis, stride_lt,
     HI: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr,
     DOT_FP32: tl.constexpr, TOPK: tl.constexpr,
 ):
@@ -83,9 +82,6 @@ def dsa_index_logits_kernel(
     offs_h = tl.arange(0, HI)
     offs_d = tl.arange(0, D)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_b = tl.arange(0, BINS)
-    offs_tt = tl.arange(0, BLOCK_T)
-    hist = tl.zeros([BLOCK_T, BINS], dtype=tl.int32)  # the group's bucket histograms of this program's keys
     slots = key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, lo + offs_n, lo + offs_n < hi)
     for p0 in range(lo, hi, BLOCK_N):
         pos = p0 + offs_n
@@ -114,11 +110,3 @@ def dsa_index_logits_kernel(
                 seen = tl.load(vis + token * stride_vis + tree_pos, mask=(tree_pos >= 0) & ok, other=1)
                 logits = tl.where(seen != 0, logits, float("-inf"))
             tl.store(Logits + token * stride_lt + pos, logits, mask=ok)
-            # the top-k's first pass: out-of-range keys count in bucket 0 and come off it below
-            counts = tl.histogram(tl.where(ok, bucket(sort_key(logits)), 0), BINS)
-            hist += tl.where(offs_tt[:, None] == t - t_lo, counts[None, :], 0)
-    misses = tl.cdiv(hi - lo, BLOCK_N) * BLOCK_N - (hi - lo)
-    hist -= tl.where(offs_b[None, :] == 0, misses, 0)
-    group = t_lo + offs_tt
-    tl.atomic_add(State + (q_start + group).to(tl.int64)[:, None] * stride_st + offs_b[None, :], hist,
-                  mask=(hist > 0) & (group < t_hi)[:, None])

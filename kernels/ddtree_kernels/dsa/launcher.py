@@ -1,11 +1,11 @@
-"""Plan and run one DSA tree-verify call: the indexer (its logits and the top-k's first histogram), the top-k
-(collect, resolve), sparse MLA, merge; or, where every request's keys fit the top-k, the dense verify. The same
+"""Plan and run one DSA tree-verify call: the indexer (its logits), the top-k (histogram, collect, resolve), sparse
+MLA, merge; or, where every request's keys fit the top-k, the dense verify. The same
 plan/run split as the dense verify (launcher.py): planning reads static facts only (shapes, the longest context, the
 target), the workspace belongs to the caller and is sized once, and `run_dsa_verify` only launches kernels, so a
 captured CUDA graph replays it with new prefixes, trees, slots and values.
 
-Launches of a call: a memset of the top-k state, the indexer, collect, resolve, the sparse MLA and the merge (six;
-the top-k was five kernels and the memset before). The dense shortcut: a gather of the tree's rows, then the dense
+Launches of a call: the indexer, a memset of the top-k state, histogram, collect, resolve, the sparse MLA and the
+merge (seven). The dense shortcut: a gather of the tree's rows, then the dense
 verify's own launches.
 
 What each GPU family runs is one `DSATiles` entry (`DSA_TABLES`, chosen by compute capability like the dense rule
@@ -28,12 +28,13 @@ from ..tree import MASK_COMPACT
 from .index_keys import INDEX_DIM, index_views
 from .indexer import dsa_index_logits_kernel
 from .sparse_mla import dsa_sparse_mla_kernel
-from .topk import STATE, dsa_topk_collect_kernel, dsa_topk_resolve_kernel
+from .topk import STATE, dsa_topk_collect_kernel, dsa_topk_histogram_kernel, dsa_topk_resolve_kernel
 
 TOPK = 2048  # GLM-5's index_topk
 STAGES = ("indexer", "topk", "attention")  # attention: the sparse MLA and the merge
 # A stage's kernels, each also a stage of its own (the sweep times them apart)
-STAGE_KERNELS = {"indexer": ("indexer",), "topk": ("topk_collect", "topk_resolve"), "attention": ("attention",)}
+STAGE_KERNELS = {"indexer": ("indexer",), "topk": ("topk_histogram", "topk_collect", "topk_resolve"),
+                 "attention": ("attention",)}
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ DSA_SM120 = DSATiles(
     indexer=Tile("dsa_index_logits", block_m=16, block_n=128, num_warps=4, num_stages=3, programs_per_sm=2),
     topk=Tile("dsa_topk_collect", block_m=1, block_n=1024, num_warps=4, num_stages=1, programs_per_sm=8),
     topk_resolve=Tile("dsa_topk_resolve", block_m=1, block_n=1024, num_warps=8, num_stages=1),
-    attention=Tile("dsa_sparse_mla", block_m=16, block_n=32, num_warps=4, num_stages=2),
+    attention=Tile("dsa_sparse_mla", block_m=16, block_n=16, num_warps=4, num_stages=2),
     attention_fp8=Tile("dsa_sparse_mla", block_m=16, block_n=16, num_warps=4, num_stages=2),
 )
 DSA_TABLES: dict[tuple[int, int], DSATiles] = {(12, 0): DSA_SM120}
@@ -166,8 +167,8 @@ class DSAPlan:
 
     def constexprs(self, kernel: str, *, interpreted: bool | None = None) -> dict[str, object]:
         """The constexprs and launch options (num_warps, num_stages) of one of the plan's kernels ("indexer",
-        "topk" (the collect pass), "topk_resolve", "attention", "merge"): what run_dsa_verify launches and fit
-        compiles."""
+        "topk_histogram", "topk" (the collect pass), "topk_resolve", "attention", "merge"): what run_dsa_verify
+        launches and fit compiles."""
         dot_fp32 = self.target.interpreted if interpreted is None else interpreted
         tiles = self.tiles
         if kernel == "indexer":
@@ -175,6 +176,9 @@ class DSAPlan:
             hopper = self.target.capability is not None and self.target.capability[0] == 9
             return dict(HI=self.index_heads, D=INDEX_DIM, BLOCK_T=t.block_m, BLOCK_N=t.block_n, DOT_BF16=hopper,
                         DOT_FP32=dot_fp32, TOPK=self.topk, num_warps=t.num_warps, num_stages=t.num_stages)
+        if kernel == "topk_histogram":  # the collect pass's grid and step
+            t = tiles.topk
+            return dict(TOPK=self.topk, BLOCK=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
         if kernel in ("topk", "topk_resolve"):
             t = tiles.topk if kernel == "topk" else tiles.topk_resolve
             n_max = max(16, 1 << max(0, (self.max_draft_tokens - 1).bit_length()))
@@ -195,7 +199,8 @@ class DSAPlan:
     def launch_constexprs(self) -> dict[str, dict[str, object]]:
         """Each kernel's constexprs and options for this plan's target, resolved once: run_dsa_verify reads them on
         every call."""
-        return {kernel: self.constexprs(kernel) for kernel in ("indexer", "topk", "topk_resolve", "attention", "merge")}
+        return {kernel: self.constexprs(kernel)
+                for kernel in ("indexer", "topk_histogram", "topk", "topk_resolve", "attention", "merge")}
 
     def describe(self) -> str:
         cache = "fp8" if self.kv_fp8 else "16-bit"
@@ -333,12 +338,17 @@ def run_dsa_verify(
     bs, tiles = plan.batch_size, plan.tiles
     ws = workspace
     if "indexer" in kernels:
-        ws.state.zero_()  # the bucket histograms the indexer adds to (one memset)
         dsa_index_logits_kernel[(plan.token_blocks, plan.index_splits, bs)](
             index_q, index_weights, index_k, index_s, kv_indices, kv_indptr, qo_indptr, tree_slots, visibility,
-            ws.logits, ws.state, tiles.min_chunk,
+            ws.logits, tiles.min_chunk,
             index_q.stride(0), index_q.stride(1), index_weights.stride(0), index_k.stride(0), index_s.stride(0),
-            visibility.stride(0), ws.logits.stride(0), ws.state.stride(0), **plan.launch_constexprs["indexer"],
+            visibility.stride(0), ws.logits.stride(0), **plan.launch_constexprs["indexer"],
+        )
+    if "topk_histogram" in kernels:
+        ws.state.zero_()  # the bucket histograms and the counters the passes add to (one memset)
+        dsa_topk_histogram_kernel[(plan.max_draft_tokens, plan.topk_splits, bs)](
+            ws.logits, ws.state, kv_indptr, qo_indptr, tiles.min_chunk, ws.logits.stride(0), ws.state.stride(0),
+            **plan.launch_constexprs["topk_histogram"],
         )
     if "topk_collect" in kernels:
         dsa_topk_collect_kernel[(plan.max_draft_tokens, plan.topk_splits, bs)](
@@ -409,9 +419,12 @@ def dsa_tree_verify(q, k_buf, kv_indptr, kv_indices, qo_indptr, tree_slots, visi
 DSA_KERNELS = {
     "indexer": (dsa_index_logits_kernel, dict(
         IQ="*fp8e4nv", IW="*fp32", index_k="*fp8e4nv", index_s="*fp32", kv_indices="*i64", kv_indptr="*i32",
-        qo_indptr="*i32", tree_slots="*i64", vis="*u8", Logits="*fp32", State="*i32", min_chunk="i32",
+        qo_indptr="*i32", tree_slots="*i64", vis="*u8", Logits="*fp32", min_chunk="i32",
         stride_iqt="i32", stride_iqh="i32", stride_iwt="i32", stride_ik="i32", stride_is="i32", stride_vis="i32",
-        stride_lt="i32", stride_st="i32")),
+        stride_lt="i32")),
+    "topk_histogram": (dsa_topk_histogram_kernel, dict(
+        Logits="*fp32", State="*i32", kv_indptr="*i32", qo_indptr="*i32", min_chunk="i32", stride_lt="i32",
+        stride_st="i32")),
     "topk": (dsa_topk_collect_kernel, dict(
         Logits="*fp32", State="*i32", Sel="*i32", CandKey="*i32", CandSlot="*i32", kv_indices="*i64",
         kv_indptr="*i32", qo_indptr="*i32", tree_slots="*i64", vis="*u8", min_chunk="i32", stride_lt="i32",

@@ -1,18 +1,18 @@
-"""Tree-aware top-k of the indexer's logits: a bucket histogram fused into the indexer, then two launches.
+"""Tree-aware top-k of the indexer's logits: three launches, a bucket histogram, a collect pass and a resolve.
 
 Each token keeps its `TOPK` best visible keys (all of them where at most `TOPK` are visible). A logit's fp32 bits,
 made order-preserving (`sort_key`), fall in one of 256 `bucket`s: its sign, then half-binades of its magnitude
 from 2^-32 to 2^32 (magnitudes outside land in the end buckets), so a bucket's width is a fixed ratio of the value,
 whatever the logits' scale. Passes over a token's row:
 
-0. the indexer (indexer.py) adds each program's per-token bucket histogram into `State[t, :256]` as it writes the
-   logits (no pass of its own);
-1. `dsa_topk_collect_kernel`, many programs a token (fixed grid: tokens x splits x requests): each walks the
-   histogram to the boundary bucket B (the one holding the k-th key) and reads its share of the row once, writing
-   the slot of every key above B into the selection and appending each key of B (its sort key and slot) to the
-   token's candidate buffer, `CANDIDATES` entries. Where B holds exactly the keys still needed it is written whole,
-   and a take-all token writes all its visible keys here;
-2. `dsa_topk_resolve_kernel`, one program a token: a radix select among B's candidates over the sort-key bits
+1. `dsa_topk_histogram_kernel`, many programs a token (fixed grid: tokens x splits x requests): each reads its
+   share of the row and adds its 256-bucket histogram into `State[t, :256]`. (In the indexer's epilogue, where it
+   was, it cost more than this pass: a histogram a token a 128-key tile there, one a 1,024-key step here.)
+2. `dsa_topk_collect_kernel`, the same grid: each walks the histogram to the boundary bucket B (the one holding the
+   k-th key) and reads its share of the row once, writing the slot of every key above B into the selection and
+   appending each key of B (its sort key and slot) to the token's candidate buffer, `CANDIDATES` entries. Where B
+   holds exactly the keys still needed it is written whole, and a take-all token writes all its visible keys here;
+3. `dsa_topk_resolve_kernel`, one program a token: a radix select among B's candidates over the sort-key bits
    B leaves open (three rounds, of 8, 8 and 6 bits, inside the buckets' window; four of 8 in an end bucket), then
    their chosen slots written; it sets the count and clears the token's counters.
 
@@ -23,10 +23,9 @@ of B only), a single program's slow but exact fallback (many near-equal logits, 
 entry is ever written past the buffer, and no key of B is ever dropped (sglang #36807 was a top-k that kept
 appending past its buffer and returned the wrong set).
 
-Launches: the state is zeroed once before the indexer (a memset), then collect and resolve: two top-k kernels
-after the indexer, where there were five (four histogram passes and a write pass). Fixed grids, no host sync:
-CUDA-graph safe. Ties at the threshold are taken in no fixed order (reference.py says why that does not matter).
-Invisible keys hold -inf (indexer.py), below every finite logit, so they are never chosen.
+Launches: the state is zeroed (a memset), then the three passes. Fixed grids, no host sync: CUDA-graph safe. Ties at
+the threshold are taken in no fixed order (reference.py says why that does not matter). Invisible keys hold -inf
+(indexer.py), below every finite logit, so they are never chosen.
 """
 
 import triton
@@ -83,6 +82,30 @@ def _append(sel, counter, chosen, values, limit):
         base = tl.atomic_add(counter, n)
         rank = base + tl.cumsum(chosen.to(tl.int32), 0) - 1
         tl.store(sel + rank, values, mask=chosen & (rank < limit))
+
+
+@triton.jit
+def dsa_topk_histogram_kernel(
+    Logits, State, kv_indptr, qo_indptr, min_chunk, stride_lt, stride_st, TOPK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Each token's bucket histogram of its share of the row, added into State[t, :256]. A request whose keys all
+    fit the top-k has no logits (the indexer skips it) and needs no histogram: its tokens take every visible key."""
+    i = tl.program_id(0)
+    req = tl.program_id(2)
+    q_start, n_tok, _, prefix_len, lo, hi = request_keys(qo_indptr, kv_indptr, req, tl.program_id(1),
+                                                         tl.num_programs(1), min_chunk, BLOCK)
+    if i >= n_tok or lo >= hi or prefix_len + n_tok <= TOPK:
+        return
+    token = (q_start + i).to(tl.int64)
+    hist = tl.zeros([BINS], dtype=tl.int32)
+    for p0 in range(lo, hi, BLOCK):
+        pos = p0 + tl.arange(0, BLOCK)
+        # keys past the share read as -inf: they land in bucket 0 and come off it below
+        hist += tl.histogram(bucket(sort_key(tl.load(Logits + token * stride_lt + pos, mask=pos < hi,
+                                                     other=float("-inf")))), BINS)
+    offs = tl.arange(0, BINS)
+    hist -= tl.where(offs == 0, tl.cdiv(hi - lo, BLOCK) * BLOCK - (hi - lo), 0)
+    tl.atomic_add(State + token * stride_st + offs, hist, mask=hist > 0)
 
 
 @triton.jit
