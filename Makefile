@@ -68,7 +68,7 @@ gpu-carry: setup  ## pack into .gpu/ what test-server-gpu needs on a GPU machine
 test-server-gpu:  ## on a CUDA machine, after gpu-carry: the production launch served for real, smoke, bench, profiles
 	PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m tests.server_gpu.e2e $(E2E_ARGS)
 
-# A target in GLM-5's architecture and its DFlash drafter, trained on one GPU in ~4 minutes (tests/server_gpu/
+# A target in GLM-5's architecture and its DFlash drafter, trained on one GPU in ~5 minutes (tests/server_gpu/
 # train_pair.py) into .gpu/models-trained, where `make test-server-gpu E2E_ARGS="--stand-in trained ..."` serves
 # them (and trains them first where they are missing). TRAIN_ARGS, e.g. "--seed 1 --out DIR".
 TRAIN_ARGS ?=

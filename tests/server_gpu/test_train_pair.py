@@ -159,7 +159,7 @@ def test_server_prompts_copy_a_recent_passage():
 
 def test_batches_paste_copies_and_skip_positions():
     tokens = torch.arange(10_000) % 200 + corpus.BYTE_OFFSET
-    sched = tp.Schedule(seq=256, batch=64, random_copies=0.0)
+    sched = tp.Schedule(seq=256, batch=64, copies=0.5, random_copies=0.0)
     ids, pos = tp.Batches(tokens, sched, "cpu")()
     assert ids.shape == pos.shape == (64, 256)
     steps = pos[:, 1:] - pos[:, :-1]
@@ -168,13 +168,15 @@ def test_batches_paste_copies_and_skip_positions():
     # a pasted copy breaks the text's own progression (+1 mod 200) somewhere in about half the windows
     breaks = ((ids[:, 1:] - ids[:, :-1]) % 200 != 1).sum(1)
     assert 10 < int((breaks > 0).sum()) < 54
+    every, _ = tp.Batches(tokens, tp.Schedule(seq=256, batch=64, copies=1.0, random_copies=0.0), "cpu")()
+    assert (((every[:, 1:] - every[:, :-1]) % 200 != 1).sum(1) > 0).all()  # copies=1: a copy in every window
 
 
 def test_random_copies_paste_the_random_passage_they_put_earlier():
     """Every copy window's passage random (random_copies=1) over a text of no printable bytes: the printable
     positions are the passage and its paste, of one length and the same tokens; the other windows are the text."""
     tokens = torch.arange(10_000) % 120 + 128 + corpus.BYTE_OFFSET  # bytes 128-247, +1 each step
-    ids, _ = tp.Batches(tokens, tp.Schedule(seq=256, batch=64, random_copies=1.0), "cpu")()
+    ids, _ = tp.Batches(tokens, tp.Schedule(seq=256, batch=64, copies=0.5, random_copies=1.0), "cpu")()
     copies = 0
     for row in ids:
         at = torch.isin(row, tp.PRINTABLE).nonzero().flatten().tolist()
@@ -190,12 +192,12 @@ def test_random_copies_paste_the_random_passage_they_put_earlier():
         assert len(runs) == 2 and len(runs[0]) == len(runs[1]) >= 8, runs
         assert torch.equal(row[runs[0]], row[runs[1]])
     assert 10 < copies < 54  # about half the windows have a copy
-    none = tp.Batches(tokens, tp.Schedule(seq=256, batch=64, random_copies=0.0), "cpu")
+    none = tp.Batches(tokens, tp.Schedule(seq=256, batch=64, copies=0.5, random_copies=0.0), "cpu")
     first, second = none(), none()
     assert not torch.isin(torch.cat([first[0], second[0]]), tp.PRINTABLE).any()
     # the random passages draw from their own generator: the windows' text and positions, batch after batch, are
     # those of any random_copies
-    other = tp.Batches(tokens, tp.Schedule(seq=256, batch=64, random_copies=1.0), "cpu")
+    other = tp.Batches(tokens, tp.Schedule(seq=256, batch=64, copies=0.5, random_copies=1.0), "cpu")
     other()
     assert torch.equal(other()[1], second[1])
 
