@@ -208,11 +208,11 @@ def cuobjdump(cubin: bytes) -> tuple[int, int, int, str]:
 
 def _dsa_jobs(cap: tuple[int, int]) -> list[tuple]:
     """The DSA verify's kernels (ddtree_kernels.dsa, DSA_KERNELS) as its plans launch them on `cap`: GLM-5's tree
-    and decode, a bf16 and an fp8 cache, the top-k's collect and resolve, and the prefill's chunk (its top-k walks a
-    longer chain; the other kernels' constexprs do not depend on it). sm_120's DSA tiles serve every GPU, so all must
-    fit."""
+    and decode, a bf16 and an fp8 cache, the top-k's histogram, collect and resolve, and the prefill's chunk (its
+    collect and resolve walk a longer chain; the other kernels' constexprs do not depend on it). A kernel whose
+    constexprs repeat an earlier job's is compiled once. sm_120's DSA tiles serve every GPU, so all must fit."""
     target = _targets(cap)[-1]
-    jobs = []
+    jobs, seen = [], set()
     for draft, fp8 in ((9, False), (9, True), (1, False), (PREFILL_CHUNK, False)):
         plan = plan_dsa_verify(1, 8, draft, draft, 185_000, target, kv_fp8=fp8)
         kv = "fp8e4nv" if fp8 else "bf16"
@@ -224,6 +224,10 @@ def _dsa_jobs(cap: tuple[int, int]) -> list[tuple]:
             sig = {k: ("*" + kv if v == "*KV" else v) for k, v in types.items()}
             calls = [{"SCALE_FROM_PTR": False}] if kernel == "attention" else [{}]
             for call in calls:
+                key = (kernel, repr(sorted(sig.items())), repr(sorted((const | call).items())), warps, stages)
+                if key in seen:
+                    continue
+                seen.add(key)
                 variant = f"kv={kv},n={draft}" + "".join(f",{k}={v}" for k, v in call.items())
                 jobs.append((plan.tiles.name, cap, f"dsa:{kernel}", variant, sig, const | call, warps, stages, 0,
                              True))

@@ -5,9 +5,9 @@
     python -m ddtree_tools.sweep_dsa --emulate sm120 --case 1x185000 --attention 16x16x4x2
 
 A tile is MxNxWARPSxSTAGES[xPROGRAMS_PER_SM] (programs an SM set the split count). Each variant is the target's
-DSA_TABLES entry with that one kernel's tile replaced; the shipped entry is timed first. Per case it prints the
-indexer alone, the top-k's passes apart (the histogram with the state's memset; collect is timed with the histogram
-before it and the resolve after it, which resets the counters collect adds to, less those two alone), the sparse
+DSA_TABLES entry with that one tile replaced (`--collect` sets the histogram pass's grid and step too); the shipped
+entry is timed first. Per case it prints the indexer alone, the top-k's passes apart (the histogram with the state's
+memset; collect as the whole top-k less the histogram and the resolve replayed together without it), the sparse
 attention with its merge, and the whole call, each the median of a replayed graph over rotated pools
 (bench_dsa.DSAProblem, the benchmark's inputs). A variant times its own kernel and the whole call. `--json PATH`
 writes every row.
@@ -81,7 +81,8 @@ def time_kernels(p: DSAProblem, tiles: DSATiles, target: Target, which: set[str]
     if {"histogram", "collect", "resolve"} & which:
         got["histogram"] = timed(("topk_histogram",))
         got["resolve"] = timed(("topk_resolve",))
-        got["collect"] = timed(("topk",)) - got["resolve"] - got["histogram"]
+        # one replay less one replay: each carries its own fixed cost, which two subtractions would take off twice
+        got["collect"] = timed(("topk",)) - timed(("topk_histogram", "topk_resolve"))
     if "attention" in which:
         got["attention"] = timed(("attention",))
     if "call" in which:

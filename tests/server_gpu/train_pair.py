@@ -79,8 +79,8 @@ class Schedule:
     warmup: int = 40
     # The share of windows with a passage pasted again later, and of those the share whose passage (source and
     # paste) is random printable bytes: text the model cannot predict but by copying, which is what the serve
-    # prompts ask of it. A copy in half the windows (natural passages alone, or half of them random) left the
-    # held-out accuracy inside the repeat at the plain text's after 1,000 steps: no copying learned.
+    # prompts ask of it. A copy in half the windows left the held-out accuracy inside the repeat no higher than the
+    # plain text's: natural passages alone after 561 steps, half of them random after 1,000: no copying learned.
     copies: float = 0.9
     random_copies: float = 0.5
     indexer_rows: int = 256

@@ -1,4 +1,4 @@
-"""What the indexer's epilogue and the top-k share: an order-preserving sort key of a logit and its bucket.
+"""What the top-k's passes share: an order-preserving sort key of a logit and its bucket.
 
 `sort_key` maps fp32 to uint32 with the same order. `bucket` maps the sort key to 0-255, non-decreasing: its sign,
 then half-binades of the magnitude (8 exponent bits and 1 mantissa bit) from 2^-32 to 2^32, the magnitudes outside

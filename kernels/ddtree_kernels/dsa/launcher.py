@@ -43,7 +43,7 @@ class DSATiles:
 
     name: str
     indexer: Tile  # block_m: tree tokens a program, each key tile read once for all of them; block_n: keys a tile
-    topk: Tile  # the collect pass, many programs a token; block_n: logits a loop step
+    topk: Tile  # the histogram and collect passes, many programs a token; block_n: logits a loop step
     topk_resolve: Tile  # one program a token; block_n: candidates (or logits, overflowed) a loop step
     attention: Tile  # block_m: heads a program, block_n: selected keys a step
     attention_fp8: Tile  # the same for an fp8 cache, widened in registers

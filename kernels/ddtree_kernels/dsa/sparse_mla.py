@@ -6,7 +6,7 @@ the rows of one program (BLOCK_H of them; GLM-5's 8 heads a GPU pad to mma.sync'
 into splits, and each program runs the online softmax of the dense prefix tile (tile.py) over gathered
 576-wide latent rows, values their first D_V columns, and writes a normalised partial and its base-2 LSE.
 
-Budget on sm_120 (DSA_SM120): a 16-key bf16 tile (18 KB) in 2 stages, queries 16 x 576 (18 KB), 4 warps: 37 KB,
+Budget on sm_120 (DSA_SM120): a 16-key bf16 tile (18 KB), queries 16 x 576 (18 KB), 4 warps: 37 KB (`make fit`),
 so two programs share an SM (a 32-key tile, 56 KB, left one an SM and its grid in two waves).
 """
 
