@@ -52,7 +52,6 @@ def _run(case, heads, *, max_context=None, candidates=None):
 
 @pytest.mark.parametrize(("prefixes", "drafts", "heads", "topk"), [
     ([300], [9], 8, 64),  # GLM-5's tree shape, prefix longer than the top-k
-    ([300], [4], 8, 64),  # one indexer token block: its 2 key splits leave slots to groups of its tokens
     ([40, 0, 700], [5, 3, 9], 8, 64),  # ragged: shorter than the top-k, empty, longer
     ([30], [9], 16, 64),  # every key visible: all of them attended
     ([0], [1], 8, 16),  # decode, empty prefix: the token sees itself only
@@ -235,8 +234,7 @@ def test_a_tile_table_given_to_the_plan_sets_its_splits():
 def test_short_rows_give_the_indexer_programs_to_token_groups():
     """Where a row's key splits (of at least min_chunk keys) leave program slots idle, the indexer's grid has more
     programs, which the kernel gives to groups of the tree's tokens (test_dsa_matches_the_reference runs that on the
-    interpreter's 8 slots: a 304-key row of 4 tokens has 2 splits and 8 programs); a long row fills the slots with
-    splits alone."""
+    interpreter's 8 slots: a 309-key row has 2 splits and 8 programs); a long row fills the slots with splits alone."""
     from ddtree_kernels.dsa.launcher import DSA_SM120
     from ddtree_kernels.target import Target
 
@@ -247,4 +245,4 @@ def test_short_rows_give_the_indexer_programs_to_token_groups():
     assert key_splits < short.index_splits <= min(slots, key_splits * DSA_SM120.indexer.block_m)
     long = plan_dsa_verify(1, 8, 9, 9, 185_000, sm120)
     assert long.index_splits <= slots
-    assert plan_dsa_verify(1, 8, 4, 4, 300, TARGET, topk=64).index_splits > 2
+    assert plan_dsa_verify(1, 8, 9, 9, 300, TARGET, topk=64).index_splits > 2

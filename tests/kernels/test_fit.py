@@ -188,10 +188,10 @@ def test_dsa_kernels_fit_sm120_and_the_indexer_multiplies_in_e4m3(fit_report):
 
 def test_the_dsa_indexer_gathers_keys_four_bytes_at_a_time(fit_report):
     """A key row of the index buffer is 132 bytes (4-byte aligned, never 16): the indexer says so, and its gather on
-    sm_120 compiles to 4-byte loads, synchronous or asynchronous copies into shared memory (LDGSTS), not to byte
-    loads (its earlier form: 161 byte loads a tile, 128 of them the key tile's; now a few, the tree's visibility)."""
+    sm_120 compiles to 4-byte loads, not to byte loads (its earlier form: 161 byte loads a tile, 128 of them the key
+    tile's; now one, the tree's visibility)."""
     indexer = [r for r in fit_report if r["kernel"] == "dsa:indexer" and r["target"] == "sm_120"]
     assert indexer
     for r in indexer:
         loads = r["sass_loads"]
-        assert loads.get("LDG.E.U8", 0) < 16 and loads.get("LDG.E", 0) + loads.get("LDGSTS.E", 0) >= 32, loads
+        assert loads.get("LDG.E.U8", 0) < 16 and loads.get("LDG.E", 0) >= 32, loads
