@@ -44,7 +44,7 @@ class DSATiles:
     name: str
     indexer: Tile  # block_m: tree tokens a program, each key tile read once for all of them; block_n: keys a tile
     topk: Tile  # the histogram and collect passes, many programs a token; block_n: logits a loop step
-    topk_resolve: Tile  # one program a token; block_n: candidates (or logits, overflowed) a loop step
+    topk_resolve: Tile  # resolve_splits programs a token; block_n: candidates (or logits, overflowed) a loop step
     attention: Tile  # block_m: heads a program, block_n: selected keys a step
     attention_fp8: Tile  # the same for an fp8 cache, widened in registers
     merge_block_d: int = 32
@@ -156,6 +156,12 @@ class DSAPlan:
                            max(1, -(-self.logits_width // self.tiles.topk.block_n)))
 
     @cached_property
+    def resolve_splits(self) -> int:
+        """The resolve's programs a token: a buffer's worth of blocks, at most 16 (a 185k row's boundary bucket holds
+        up to ~12k candidates: 16 programs take one block each)."""
+        return max(1, min(16, self.candidates // self.tiles.topk_resolve.block_n))
+
+    @cached_property
     def attention_splits(self) -> int:
         return split_count(self.max_draft_tokens * self.head_blocks * self.batch_size, self.target.sms * 2,
                            max(1, self.topk // self.tiles.attention_min_chunk))
@@ -209,8 +215,8 @@ class DSAPlan:
         if self.dense_shortcut:
             return f"{head}: every key fits the top-k, so the dense verify ({self.dense_plan.rule})"
         return (f"{head}, {self.tiles.name}: indexer {self.index_splits} splits ({self.tiles.indexer}), top-k collect "
-                f"{self.topk_splits} splits and resolve ({self.candidates} candidates a token), attention "
-                f"{self.attention_splits} splits ({self.attention_tile})")
+                f"{self.topk_splits} splits and resolve {self.resolve_splits} ({self.candidates} candidates a token), "
+                f"attention {self.attention_splits} splits ({self.attention_tile})")
 
 
 def plan_dsa_verify(batch_size: int, num_heads: int, max_draft_tokens: int, total_tokens: int, max_context: int,
@@ -248,8 +254,9 @@ class DSAWorkspace:
         self.plan_size = (tokens, plan.logits_width, plan.topk, plan.num_heads, splits, plan.d_v, candidates)
         self.logits = torch.empty((tokens, plan.logits_width), dtype=torch.float32, device=device)
         self.state = torch.zeros((tokens, STATE), dtype=torch.int32, device=device)
-        self.cand_key = torch.empty((tokens, candidates), dtype=torch.int32, device=device)
-        self.cand_slot = torch.empty((tokens, candidates), dtype=torch.int32, device=device)
+        # the candidates, then (the second half) those the resolve keeps
+        self.cand_key = torch.empty((tokens, 2 * candidates), dtype=torch.int32, device=device)
+        self.cand_slot = torch.empty((tokens, 2 * candidates), dtype=torch.int32, device=device)
         self.sel = torch.empty((tokens, plan.topk), dtype=torch.int32, device=device)
         self.sel_count = torch.empty(tokens, dtype=torch.int32, device=device)
         rows = tokens * plan.num_heads
@@ -357,7 +364,7 @@ def run_dsa_verify(
             ws.cand_key.stride(0), visibility.stride(0), **plan.launch_constexprs["topk"],
         )
     if "topk_resolve" in kernels:
-        dsa_topk_resolve_kernel[(plan.max_draft_tokens, bs)](
+        dsa_topk_resolve_kernel[(plan.max_draft_tokens, plan.resolve_splits, bs)](
             ws.logits, ws.state, ws.sel, ws.sel_count, ws.cand_key, ws.cand_slot, kv_indices, kv_indptr, qo_indptr,
             tree_slots, visibility, ws.logits.stride(0), ws.state.stride(0), ws.sel.stride(0), ws.cand_key.stride(0),
             visibility.stride(0), **plan.launch_constexprs["topk_resolve"],

@@ -10,18 +10,19 @@ whatever the logits' scale. Passes over a token's row:
    was, it cost more than this pass: a histogram a token a 128-key tile there, one a 1,024-key step here.)
 2. `dsa_topk_collect_kernel`, the same grid: each walks the histogram to the boundary bucket B (the one holding the
    k-th key) and reads its share of the row once, writing the slot of every key above B into the selection and
-   appending each key of B (its sort key and slot) to the token's candidate buffer, `CANDIDATES` entries. Where B
-   holds exactly the keys still needed it is written whole, and a take-all token writes all its visible keys here;
-3. `dsa_topk_resolve_kernel`, one program a token: a radix select among B's candidates over the sort-key bits
-   B leaves open (three rounds, of 8, 8 and 6 bits, inside the buckets' window; four of 8 in an end bucket), then
-   their chosen slots written; it sets the count and clears the token's counters.
+   appending each key of B (its sort key and slot) to the token's candidate buffer, `CANDIDATES` entries, and
+   counting B's keys by their next 6 sort-key bits (a 64-bin sub-histogram, `State[t, 258:]`). Where B holds
+   exactly the keys still needed it is written whole, and a take-all token writes all its visible keys here;
+3. `dsa_topk_resolve_kernel`, one program a token: the sub-histogram gives the boundary's next digit; one pass over
+   the buffer writes the candidates above it and compacts those of it (about 1/64 of B) to the buffer's front; a
+   radix select among those over the bits still open (rounds of 8) then picks the last keys. It sets the count.
 
 The bound: B holds the k-th key and every key tied with it in its bucket. The histogram says how many (`in_bin`)
 before anything is appended, so overflow is known, not detected: where B holds more than `CANDIDATES` keys the
-collect pass appends nothing and the resolve program runs the same radix select over the token's whole row (keys
-of B only), a single program's slow but exact fallback (many near-equal logits, or logits outside 2^+-32). No
-entry is ever written past the buffer, and no key of B is ever dropped (sglang #36807 was a top-k that kept
-appending past its buffer and returned the wrong set).
+collect pass appends nothing and the resolve program runs a radix select over the token's whole row (keys of B
+only, rounds of 8 bits), a single program's slow but exact fallback (many near-equal logits, or logits outside
+2^+-32). No entry is ever written past the buffer, and no key of B is ever dropped (sglang #36807 was a top-k that
+kept appending past its buffer and returned the wrong set).
 
 Launches: the state is zeroed (a memset), then the three passes. Fixed grids, no host sync: CUDA-graph safe. Ties at
 the threshold are taken in no fixed order (reference.py says why that does not matter). Invisible keys hold -inf
@@ -34,8 +35,13 @@ import triton.language as tl
 from .buckets import BINS, bucket, bucket_prefix, sort_key
 from .indexer import key_slots, request_keys
 
-COUNTERS = 2  # after the histogram: keys written above the boundary bucket, candidates appended
-STATE = 256 + COUNTERS  # int32 a token
+# A token's state after its 256-bucket histogram: the collect pass's counters (keys written to the selection,
+# candidates appended), the resolve's (candidates written, kept, programs done; its last program zeroes them), then
+# the 64-bin sub-histogram.
+_ABOVE, _CANDS, _WROTE, _KEPT, _DONE, _SUB = (tl.constexpr(256 + j) for j in range(6))
+SUB_BITS = tl.constexpr(6)  # the boundary bucket's next sort-key bits the collect pass histograms
+SUB_BINS = tl.constexpr(64)
+STATE = 256 + 5 + 64  # int32 a token
 
 
 @triton.jit
@@ -72,6 +78,13 @@ def boundary_bucket(state, k):
     after every key above it, and how many keys it holds."""
     b, above, in_bin = threshold_bin(tl.load(state + tl.arange(0, BINS)), k)
     return b.to(tl.int32), k - above, in_bin
+
+
+@triton.jit
+def sub_shift(b_top):
+    """The shift of the sub-histogram's digit, the SUB_BITS sort-key bits just below those bucket `b_top` fixes."""
+    _prefix, known = bucket_prefix(b_top)
+    return known - SUB_BITS
 
 
 @triton.jit
@@ -138,13 +151,16 @@ def dsa_topk_collect_kernel(
             seen = tl.load(vis + token.to(tl.int64) * stride_vis + tree_pos, mask=ok & (tree_pos >= 0), other=1)
             chosen = ok & (seen != 0)
             slots = key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, pos, chosen)
-            _append(sel, state + BINS, chosen, slots.to(Sel.dtype.element_ty), TOPK)
+            _append(sel, state + _ABOVE, chosen, slots.to(Sel.dtype.element_ty), TOPK)
     else:
         b_top, k_left, in_bin = boundary_bucket(state, tl.minimum(visible, TOPK))
         whole = in_bin == k_left  # the bucket holds exactly the keys still needed: all of them are taken
         collect = (in_bin <= CANDIDATES) & (in_bin != k_left)
         cand_key = CandKey + token.to(tl.int64) * stride_ct
         cand_slot = CandSlot + token.to(tl.int64) * stride_ct
+        shift = sub_shift(b_top).to(tl.uint32)
+        sub = tl.zeros([SUB_BINS], dtype=tl.int32)
+        n_sub = tl.zeros([], dtype=tl.int32)
         for p0 in range(lo, hi, BLOCK):
             pos = p0 + tl.arange(0, BLOCK)
             ok = pos < hi
@@ -157,13 +173,20 @@ def dsa_topk_collect_kernel(
             above = ok & ((b > b_top) | ((b == b_top) & flag_whole))
             cand = ok & (b == b_top) & flag_collect
             slots = key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, pos, above | cand)
-            _append(sel, state + BINS, above, slots.to(Sel.dtype.element_ty), TOPK)
+            _append(sel, state + _ABOVE, above, slots.to(Sel.dtype.element_ty), TOPK)
             n_cand = tl.sum(cand.to(tl.int32), 0)
             if n_cand > 0:
-                rank = tl.atomic_add(state + BINS + 1, n_cand) + tl.cumsum(cand.to(tl.int32), 0) - 1
+                rank = tl.atomic_add(state + _CANDS, n_cand) + tl.cumsum(cand.to(tl.int32), 0) - 1
                 fits = cand & (rank < CANDIDATES)  # always, as the histogram said: a guard, not a path
                 tl.store(cand_key + rank, key.to(tl.int32, bitcast=True), mask=fits)
                 tl.store(cand_slot + rank, slots.to(tl.int32), mask=fits)
+                # the candidates' next bits: the resolve's first digit, counted here where the keys are at hand
+                sub += tl.histogram(tl.where(cand, ((key >> shift) & (SUB_BINS - 1)).to(tl.int32), 0), SUB_BINS)
+                n_sub += BLOCK - n_cand
+        if collect:
+            offs_s = tl.arange(0, SUB_BINS)
+            sub -= tl.where(offs_s == 0, n_sub, 0)  # the block's other keys counted in digit 0
+            tl.atomic_add(state + _SUB + offs_s, sub, mask=sub > 0)
 
 
 @triton.jit
@@ -175,10 +198,60 @@ def _items(row, cand_key, p0, n, b_top, from_row, BLOCK: tl.constexpr):
     row_mask = in_range & ((idx * 0 + from_row.to(tl.int32)) > 0)
     cand_mask = in_range & ((idx * 0 + from_row.to(tl.int32)) == 0)
     from_logits = sort_key(tl.load(row + idx, mask=row_mask, other=float("-inf")))
-    from_cands = tl.load(cand_key + idx, mask=cand_mask, other=0).to(tl.uint32, bitcast=True)
+    from_cands = tl.load(cand_key + idx, mask=cand_mask, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True)
     key = tl.where(row_mask, from_logits, from_cands)
     valid = cand_mask | (row_mask & (bucket(key) == b_top))
     return idx, key, valid
+
+
+@triton.jit
+def _radix_select(row, items_key, items_slot, sel, n, b_top, prefix, known, k_left, taken, matching, from_row,
+                  kv_indices, tree_slots, kv_start, q_start, prefix_len, TOPK: tl.constexpr, BLOCK: tl.constexpr):
+    """The k_left best of n items (the row's keys of bucket b_top, or a buffer's, every one of which shares `prefix`
+    above bit `known`) into sel from `taken` on: rounds of 8 bits, each fixing the next digit of the k_left-th key
+    among the items equal to the prefix so far and stopping once its digit's bin holds exactly the keys needed,
+    then every item above the threshold's fixed bits and as many equal to them as are still needed, in item order."""
+    offs = tl.arange(0, BINS)
+    active = tl.where((matching == k_left) | (known == 0), 0, 1)
+    # the items a round counts: every valid one in the first round, then those of the digit the round before chose;
+    # the rest of the loop's slots land in bin 0 and come off it, so no round counts them
+    slots_walked = tl.cdiv(n, BLOCK) * BLOCK
+    for _round in tl.static_range(4):
+        if active == 1:
+            shift = tl.maximum(known - 8, 0)
+            hist = tl.zeros([BINS], dtype=tl.int32)
+            for p0 in range(0, n, BLOCK):
+                _idx, key, valid = _items(row, items_key, p0, n, b_top, from_row, BLOCK)
+                # 64-bit: the first round of an end bucket from the row shifts by 32
+                match = valid & (((key ^ prefix).to(tl.uint64) >> known.to(tl.uint64)) == 0)
+                item_digit = ((key >> shift.to(tl.uint32)) & 0xFF).to(tl.int32)
+                hist += tl.histogram(tl.where(match, item_digit, 0), BINS)
+            hist -= tl.where(offs == 0, slots_walked - matching, 0)
+            digit, higher, in_digit = threshold_bin(hist, k_left)
+            digit = tl.maximum(digit, 0)
+            prefix = prefix | (digit.to(tl.uint32) << shift.to(tl.uint32))
+            k_left -= higher
+            matching = in_digit
+            known = shift
+            active = tl.where((in_digit == k_left) | (shift == 0), 0, 1)
+    thr = prefix.to(tl.uint64) >> known.to(tl.uint64)
+    ties = tl.zeros([], dtype=tl.int32)
+    for p0 in range(0, n, BLOCK):
+        idx, key, valid = _items(row, items_key, p0, n, b_top, from_row, BLOCK)
+        top = key.to(tl.uint64) >> known.to(tl.uint64)
+        above = valid & (top > thr)
+        tie = valid & (top == thr)
+        tie_rank = ties + tl.cumsum(tie.to(tl.int32), 0) - 1
+        chosen = above | (tie & (tie_rank < k_left))
+        ties += tl.sum(tie.to(tl.int32), 0)
+        row_mask = chosen & ((idx * 0 + from_row.to(tl.int32)) > 0)
+        cand_mask = chosen & ((idx * 0 + from_row.to(tl.int32)) == 0)
+        slot_row = key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, idx, row_mask)
+        slot_cand = tl.load(items_slot + idx, mask=cand_mask, other=0, cache_modifier=".cg")
+        slots = tl.where(row_mask, slot_row, slot_cand.to(tl.int64))
+        rank = taken + tl.cumsum(chosen.to(tl.int32), 0) - 1
+        tl.store(sel + rank, slots.to(sel.dtype.element_ty), mask=chosen & (rank < TOPK))
+        taken += tl.sum(chosen.to(tl.int32), 0)
 
 
 @triton.jit
@@ -187,9 +260,15 @@ def dsa_topk_resolve_kernel(
     stride_lt, stride_st, stride_selt, stride_ct, stride_vis,
     TOPK: tl.constexpr, CANDIDATES: tl.constexpr, N_MAX: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """The boundary bucket's k_left best keys into Sel after the keys above it; SelCount; the counters cleared."""
+    """The boundary bucket's k_left best keys into Sel after the keys above it, and SelCount. A token's programs
+    (grid axis 1) split its candidate buffer: each writes its share's candidates above the sub-histogram's boundary
+    digit and appends those of the digit (about 1/64 of the bucket) to the buffer's second half; the last of them
+    to finish (a counter: no program waits on another) selects among those. The overflow fallback, a select over
+    the whole row, is the first program's alone."""
     i = tl.program_id(0)
-    req = tl.program_id(1)
+    split = tl.program_id(1)
+    splits = tl.num_programs(1)
+    req = tl.program_id(2)
     q_start = tl.load(qo_indptr + req).to(tl.int32)
     n_tok = tl.load(qo_indptr + req + 1).to(tl.int32) - q_start
     if i >= n_tok:
@@ -201,62 +280,46 @@ def dsa_topk_resolve_kernel(
     k = tl.minimum(visible, TOPK)
     state = State + token.to(tl.int64) * stride_st
     b_top, k_left, in_bin = boundary_bucket(state, k)
-    if (visible > TOPK) & (in_bin != k_left):
-        base = k - k_left  # the keys above the bucket, written by the collect pass
-        from_row = in_bin > CANDIDATES  # the bucket did not fit the buffer: select from the row itself
-        n = tl.where(from_row, prefix_len + n_tok, in_bin)
-        row = Logits + token.to(tl.int64) * stride_lt
-        cand_key = CandKey + token.to(tl.int64) * stride_ct
-        cand_slot = CandSlot + token.to(tl.int64) * stride_ct
-        offs = tl.arange(0, BINS)
-        # radix select over the sort-key bits the bucket leaves open (22 inside the window: rounds of 8, 8 and 6
-        # bits; 32 in an end bucket: four of 8): each round fixes the next digit of the k_left-th key among the
-        # items equal to the prefix so far, and stops once its digit's bin holds exactly the keys needed
-        prefix, known = bucket_prefix(b_top)  # known: the low bits not fixed yet
-        active = tl.full([], 1, dtype=tl.int32)
-        # the items a round counts: every valid one in the first round (the bucket's keys), then those of the digit
-        # the round before chose; the rest of the loop's slots land in bin 0 and come off it, so no round counts them
-        slots_walked = tl.cdiv(n, BLOCK) * BLOCK
-        matching = in_bin
-        for _round in tl.static_range(4):
-            if active == 1:
-                shift = tl.maximum(known - 8, 0)
-                hist = tl.zeros([BINS], dtype=tl.int32)
-                for p0 in range(0, n, BLOCK):
-                    _idx, key, valid = _items(row, cand_key, p0, n, b_top, from_row, BLOCK)
-                    # 64-bit: the first round of an end bucket shifts by 32
-                    match = valid & (((key ^ prefix).to(tl.uint64) >> known.to(tl.uint64)) == 0)
-                    item_digit = ((key >> shift.to(tl.uint32)) & 0xFF).to(tl.int32)
-                    hist += tl.histogram(tl.where(match, item_digit, 0), BINS)
-                hist -= tl.where(offs == 0, slots_walked - matching, 0)
-                digit, higher, in_digit = threshold_bin(hist, k_left)
-                digit = tl.maximum(digit, 0)
-                prefix = prefix | (digit.to(tl.uint32) << shift.to(tl.uint32))
-                k_left -= higher
-                matching = in_digit
-                known = shift
-                active = tl.where((in_digit == k_left) | (shift == 0), 0, 1)
-        # every item above the threshold's fixed bits, then as many equal to them as are still needed, in item order
-        thr = prefix.to(tl.uint64) >> known.to(tl.uint64)
-        taken = base
-        ties = tl.zeros([], dtype=tl.int32)
-        sel = Sel + token.to(tl.int64) * stride_selt
-        for p0 in range(0, n, BLOCK):
-            idx, key, valid = _items(row, cand_key, p0, n, b_top, from_row, BLOCK)
-            top = key.to(tl.uint64) >> known.to(tl.uint64)
-            above = valid & (top > thr)
-            tie = valid & (top == thr)
-            tie_rank = ties + tl.cumsum(tie.to(tl.int32), 0) - 1
-            chosen = above | (tie & (tie_rank < k_left))
-            ties += tl.sum(tie.to(tl.int32), 0)
-            row_mask = chosen & ((idx * 0 + from_row.to(tl.int32)) > 0)
-            cand_mask = chosen & ((idx * 0 + from_row.to(tl.int32)) == 0)
-            slot_row = key_slots(kv_indices, tree_slots, kv_start, q_start, prefix_len, idx, row_mask)
-            slot_cand = tl.load(cand_slot + idx, mask=cand_mask, other=0)
-            slots = tl.where(row_mask, slot_row, slot_cand.to(tl.int64))
-            rank = taken + tl.cumsum(chosen.to(tl.int32), 0) - 1
-            tl.store(sel + rank, slots.to(Sel.dtype.element_ty), mask=chosen & (rank < TOPK))
-            taken += tl.sum(chosen.to(tl.int32), 0)
-    tl.store(SelCount + token, k)
-    offs_c = tl.arange(0, 2)
-    tl.store(state + BINS + offs_c, tl.zeros([2], dtype=tl.int32))
+    resolving = (visible > TOPK) & (in_bin != k_left)
+    from_row = in_bin > CANDIDATES  # the bucket did not fit the buffer: select from the row itself
+    base = k - k_left  # the keys above the bucket, written by the collect pass
+    prefix, known = bucket_prefix(b_top)  # known: the low bits not fixed yet
+    row = Logits + token.to(tl.int64) * stride_lt
+    cand_key = CandKey + token.to(tl.int64) * stride_ct
+    cand_slot = CandSlot + token.to(tl.int64) * stride_ct
+    sel = Sel + token.to(tl.int64) * stride_selt
+    if resolving & (in_bin <= CANDIDATES):
+        shift = known - SUB_BITS
+        digit, higher, in_digit = threshold_bin(tl.load(state + _SUB + tl.arange(0, SUB_BINS)), k_left)
+        digit = tl.maximum(digit, 0)
+        chunk = tl.cdiv(tl.cdiv(in_bin, splits), BLOCK) * BLOCK
+        lo = split * chunk
+        hi = tl.minimum(lo + chunk, in_bin)
+        for p0 in range(lo, hi, BLOCK):
+            idx = p0 + tl.arange(0, BLOCK)
+            valid = idx < hi
+            key = tl.load(cand_key + idx, mask=valid, other=0).to(tl.uint32, bitcast=True)
+            slot = tl.load(cand_slot + idx, mask=valid, other=0)
+            d = ((key >> shift.to(tl.uint32)) & (SUB_BINS - 1)).to(tl.int32)
+            _append(sel + base, state + _WROTE, valid & (d > digit), slot.to(Sel.dtype.element_ty), higher)
+            keep = valid & (d == digit)
+            n_keep = tl.sum(keep.to(tl.int32), 0)
+            if n_keep > 0:
+                to = CANDIDATES + tl.atomic_add(state + _KEPT, n_keep) + tl.cumsum(keep.to(tl.int32), 0) - 1
+                fits = keep & (to < 2 * CANDIDATES)  # always (the sub-histogram counted them): a guard
+                tl.store(cand_key + to, key.to(tl.int32, bitcast=True), mask=fits)
+                tl.store(cand_slot + to, slot, mask=fits)
+        # every thread's writes before the counter's release; the last program's acquire then sees all of them
+        tl.debug_barrier()
+        if tl.atomic_add(state + _DONE, 1, sem="acq_rel") == splits - 1:
+            _radix_select(row, cand_key + CANDIDATES, cand_slot + CANDIDATES, sel, in_digit, b_top,
+                          prefix | (digit.to(tl.uint32) << shift.to(tl.uint32)), shift, k_left - higher,
+                          base + higher, in_digit, from_row, kv_indices, tree_slots, kv_start, q_start, prefix_len,
+                          TOPK, BLOCK)
+            offs_c = tl.arange(0, 4)
+            tl.store(state + _WROTE + offs_c, tl.zeros([4], dtype=tl.int32), mask=offs_c < 3)
+    if resolving & from_row & (split == 0):
+        _radix_select(row, cand_key, cand_slot, sel, prefix_len + n_tok, b_top, prefix, known, k_left, base, in_bin,
+                      from_row, kv_indices, tree_slots, kv_start, q_start, prefix_len, TOPK, BLOCK)
+    if split == 0:
+        tl.store(SelCount + token, k)
