@@ -3,6 +3,7 @@ against them over SSH and to read back what is on each host."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -50,7 +51,9 @@ class Hosts:
 
     def source(self, name: str) -> dict[str, str]:
         """Extra vars that pin DDTree source `name` (a snapshot made a git repository by testhost.up)."""
-        repo = self.workdir / "sglang-git" / name.removesuffix("-next")  # -next: a later commit of the same branch
+        # -next: a later commit of the same branch. Resolved: the run's shared copy (_shared_sources), one URL for
+        # every worker, so the bundle cache (keyed by URL and commit) builds each commit's SGLang once a run.
+        repo = (self.workdir / "sglang-git").resolve() / name.removesuffix("-next")
         return {"ddtree_sglang_version": "", "ddtree_sglang_git_url": f"file://{repo}",
                 "ddtree_sglang_git_commit": self.commit(name)}
 
@@ -125,11 +128,31 @@ class Hosts:
                 "pids": pids, "info": info, "health": health, "serving": serving, "lock": lock}
 
 
+def _shared_sources(tmp_path_factory) -> Path:
+    """The stand-in wheel and the DDTree git sources, made once a test run, for every xdist worker (each file of
+    test hosts runs in a worker of its own). The bundle cache keys a bundle by the git URL and the stand-in wheel's
+    bytes: one copy for all lets a worker reuse the SGLang build and bundle another made (each worker used to
+    build the same commit again from a repository of its own)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, shared by its workers
+    shared = base / "testhost-sources"
+    with open(base / "testhost-sources.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker makes them; the others wait, then reuse them
+        if not (shared / "made").exists():
+            shared.mkdir(exist_ok=True)
+            testhost.build_standin_wheel(shared)
+            testhost.make_git_sources(shared)
+            (shared / "made").touch()
+    return shared
+
+
 @pytest.fixture(scope="session")
 def hosts(tmp_path_factory) -> Hosts:
     workdir = tmp_path_factory.mktemp("testhosts")
-    testhost.build_standin_wheel(workdir)
-    testhost.make_git_sources(workdir)
+    shared = _shared_sources(tmp_path_factory)
+    for name in ("wheels", "sglang-git"):  # where the test inventory reads them (ddtree_testhost_dir)
+        (workdir / name).symlink_to(shared / name)
     made = testhost.up_in_free_slot(workdir, count=2)  # its own names and subnet: runs never clash
     try:
         yield Hosts(workdir, made)
