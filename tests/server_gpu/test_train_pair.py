@@ -219,8 +219,13 @@ def test_a_tiny_pair_trains_and_is_saved_as_sglang_loads_it(tiny_pair):
     assert (out / ".complete").exists()
     measured = json.loads((out / "train.json").read_text())["held_out"]
     assert set(measured) == {"next_token_accuracy_plain", "next_token_accuracy_copy_prompts",
-                             "next_token_accuracy_in_the_repeat", "chain_accept_length_plain",
-                             "chain_accept_length_copy_prompts"}
+                             "next_token_accuracy_in_the_repeat", "next_token_accuracy_in_random_pastes",
+                             "chain_accept_length_plain", "chain_accept_length_copy_prompts"}
+    # the copy probe ran every probe_every steps and after the last, on the same windows as the held-out figure
+    probed = record["target"]["copy_accuracy"]
+    assert [k for k, _ in probed] == [*range(0, SCHED.target_steps, SCHED.probe_every), SCHED.target_steps]
+    assert all(0.0 <= a <= 1.0 for _, a in probed)
+    assert probed[-1][1] == measured["next_token_accuracy_in_random_pastes"]
     assert 1.0 <= measured["chain_accept_length_plain"] <= 16.0
     cfg = json.loads((out / "target" / "config.json").read_text())
     dcfg = json.loads((out / "drafter" / "config.json").read_text())

@@ -25,7 +25,8 @@ both on one H100/H200 in about 5 minutes (the time guards stop a slower card ear
   positions 1..15 against the text with weights exp(-(k-1)/7), the target's embedding and LM head frozen. The
   context keys and values are projected from the features without input_layernorm, as SGLang's DFlash worker does.
 
-Held out (never trained on): next-token accuracy of the target on plain text and on the copy prompts, and the
+Held out (never trained on): next-token accuracy of the target on plain text, on the copy prompts and inside random
+passages' pastes (also every `--probe-every` target steps while it trains: whether copying has formed), and the
 drafter's accepted length as a DFlash chain: the target's own greedy 15 tokens after a prompt against the
 drafter's block, 1 + the matching prefix (what SGLang's accept_length counts a verify step).
 """
@@ -92,6 +93,9 @@ class Schedule:
     # served model's tokens are held to (report.py, same_tokens_as_training); 0 skips it.
     greedy_context: int = 8192
     greedy_tokens: int = 40
+    # Every this many target steps, the accuracy inside held-out random passages' pastes (random_paste_windows): the
+    # one figure that says whether copying has formed (chance is 1/96), logged as training goes; 0 skips it.
+    probe_every: int = 100
 
 
 TINY = (Sizes(layers=5, hidden=64, q_lora=32, mlp=128, draft_layers=2, draft_heads=2, draft_kv_heads=1,
@@ -101,7 +105,7 @@ TINY = (Sizes(layers=5, hidden=64, q_lora=32, mlp=128, draft_layers=2, draft_hea
                          ("index_n_heads", 4), ("index_head_dim", 16))),
         Schedule(seq=64, batch=4, target_steps=30, target_lr=3e-3, draft_steps=20, draft_lr=3e-3, anchors=3,
                  warmup=4, indexer_rows=16, indexer_windows=2, eval_windows=2, accept_prompts=4,
-                 accept_prompt_len=48, greedy_context=0))
+                 accept_prompt_len=48, greedy_context=0, probe_every=10))
 
 
 # --- configs (what SGLang reads) -------------------------------------------------------------------
@@ -448,6 +452,19 @@ def held_out_windows(tokens: torch.Tensor, n: int, t: int, device: str) -> torch
     return torch.stack([tokens[k * step: k * step + t] for k in range(n)]).to(device)
 
 
+def random_paste_windows(held: torch.Tensor, n: int, t: int, device: str) -> tuple[torch.Tensor, slice]:
+    """Held-out windows with a passage of random printable bytes (its own seeded draw) at t/8 and again at t/2, each
+    t/4 long, and the positions whose next token lies inside the paste after its first byte: only a model that
+    copies predicts them."""
+    windows = held_out_windows(held, n, t, device).clone()
+    p, s, d = max(2, t // 4), t // 8, t // 2
+    gen = torch.Generator().manual_seed(1234)
+    passage = PRINTABLE[torch.randint(0, len(PRINTABLE), (n, p), generator=gen)].to(device)
+    windows[:, s:s + p] = passage
+    windows[:, d:d + p] = passage
+    return windows, slice(d, d + p - 1)  # logits at d..d+p-2 predict the paste's bytes 1..p-1
+
+
 def copy_windows(n: int, t: int, device: str) -> torch.Tensor:
     """The server prompts' structure at a short length: filler, passage, the passage again (corpus.copy_prompt)."""
     source = corpus.text("held-out")
@@ -511,13 +528,23 @@ def _autocast(device: str):
 
 
 def _loop(name: str, module: nn.Module, steps: int, peak_lr: float, seconds: float, sched: Schedule,
-          step_fn, device: str) -> dict:
+          step_fn, device: str, probe=None) -> dict:
     """AdamW with warm-up and cosine decay over `steps`; step_fn() -> (loss to minimise, second figure) under
-    autocast. A line of progress, the losses every 10 steps, and the time guard checked there."""
+    autocast. A line of progress, the losses every 10 steps, and the time guard checked there; probe() -> a figure,
+    every sched.probe_every steps and after the last, printed and recorded as `probe` (step, figure)."""
     opt = optimizer(module, peak_lr)
     bar = _progress(steps, name)
-    t0, losses, done = time.monotonic(), [], 0
+    t0, losses, done, probed = time.monotonic(), [], 0, []
+
+    def run_probe(step: int) -> None:
+        module.eval()
+        probed.append((step, probe()))
+        module.train()
+        print(f"{name} step {step}: probe {probed[-1][1]:.3f}", flush=True)
+
     for step in range(steps):
+        if probe is not None and sched.probe_every and step % sched.probe_every == 0:
+            run_probe(step)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, peak_lr, sched.warmup)
         with _autocast(device):
@@ -538,12 +565,17 @@ def _loop(name: str, module: nn.Module, steps: int, peak_lr: float, seconds: flo
                       flush=True)
                 break
     bar.close()
-    return {"steps": done, "of_steps": steps, "seconds": round(time.monotonic() - t0, 1),
-            "tokens": done * sched.batch * sched.seq, "loss": losses}
+    if probe is not None and sched.probe_every:
+        run_probe(done)
+    record = {"steps": done, "of_steps": steps, "seconds": round(time.monotonic() - t0, 1),
+              "tokens": done * sched.batch * sched.seq, "loss": losses}
+    return record | ({"probe": probed} if probed else {})
 
 
-def train_target(target: Target, batches: Batches, sched: Schedule, device: str) -> dict:
-    """Next-token cross-entropy, plus the indexer's KL (its own parameters only); `other` is the KL."""
+def train_target(target: Target, batches: Batches, sched: Schedule, device: str,
+                 pastes: tuple[torch.Tensor, slice] | None = None) -> dict:
+    """Next-token cross-entropy, plus the indexer's KL (its own parameters only); `other` is the KL. `pastes`
+    (random_paste_windows): the probe, recorded as `copy_accuracy` (step, accuracy inside the pastes)."""
     rows = torch.arange(sched.seq - sched.indexer_rows, sched.seq - 1, device=device)
 
     def step():
@@ -552,8 +584,15 @@ def train_target(target: Target, batches: Batches, sched: Schedule, device: str)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
         return loss + idx_loss, idx_loss
 
-    record = _loop("target", target, sched.target_steps, sched.target_lr, sched.target_seconds, sched, step, device)
+    probe = None
+    if pastes is not None:
+        def probe() -> float:
+            return next_token_accuracy(target, pastes[0], device, positions=pastes[1])
+    record = _loop("target", target, sched.target_steps, sched.target_lr, sched.target_seconds, sched, step, device,
+                   probe)
     record["loss"] = [(k, total - kl, kl) for k, total, kl in record["loss"]]  # (step, cross-entropy, indexer KL)
+    if "probe" in record:
+        record["copy_accuracy"] = record.pop("probe")
     return record
 
 
@@ -595,13 +634,16 @@ def train_drafter(target: Target, drafter: Drafter, batches: Batches, sched: Sch
 # --- held-out measures ----------------------------------------------------------------------------
 
 @torch.no_grad()
-def next_token_accuracy(target: Target, windows: torch.Tensor, device: str, from_position: int = 0) -> float:
+def next_token_accuracy(target: Target, windows: torch.Tensor, device: str, from_position: int = 0,
+                        positions: slice | None = None) -> float:
+    """Greedy next-token accuracy over `positions` of the logits (default: from `from_position` on)."""
+    positions = positions or slice(from_position, None)
     accs = []
     for w in windows.split(4):
         pos = torch.arange(w.shape[1], device=device).expand(w.shape[0], -1)
         with _autocast(device):
             logits, _, _ = target(w[:, :-1], pos[:, :-1])
-        accs.append((logits.argmax(-1) == w[:, 1:])[:, from_position:].float().mean().item())
+        accs.append((logits.argmax(-1) == w[:, 1:])[:, positions].float().mean().item())
     return sum(accs) / len(accs)
 
 
@@ -672,7 +714,8 @@ def train(out: Path, sizes: Sizes = Sizes(), sched: Schedule = Schedule(), devic
                     "target_parameters": n_target, "drafter_parameters": n_draft, "target_layer_ids": list(layer_ids)}
     if device.startswith("cuda"):
         record["gpu"] = torch.cuda.get_device_name(0)
-    record["target"] = train_target(target, batches, sched, device)
+    pastes = random_paste_windows(held, sched.eval_windows, sched.seq, device)
+    record["target"] = train_target(target, batches, sched, device, pastes)
     target.eval().requires_grad_(False)
     record["drafter"] = train_drafter(target, drafter, batches, sched, device, layer_ids)
     drafter.eval()
@@ -685,6 +728,7 @@ def train(out: Path, sizes: Sizes = Sizes(), sched: Schedule = Schedule(), devic
         "next_token_accuracy_plain": next_token_accuracy(target, plain, device),
         "next_token_accuracy_copy_prompts": next_token_accuracy(target, copies, device),
         "next_token_accuracy_in_the_repeat": next_token_accuracy(target, copies, device, copy_from),
+        "next_token_accuracy_in_random_pastes": next_token_accuracy(target, pastes[0], device, positions=pastes[1]),
         "chain_accept_length_plain": chain_accept_length(target, drafter, plain_prompts, device, layer_ids),
         "chain_accept_length_copy_prompts": chain_accept_length(target, drafter, copy_prompts, device, layer_ids),
     }
