@@ -35,8 +35,8 @@ lint: setup  ## ruff, and ansible-lint --profile production on playbooks/, roles
 # The DDTree branch snapshots the patch and deploy tests build (the team's ../shared/sglang-src).
 TEST_SNAPSHOTS := $(or $(DDTREE_SGLANG_SNAPSHOTS),../shared/sglang-src)
 
-# Whole files to a worker, in collection order: the two deploy files (the longest: test_deploy.py ~16 min,
-# test_deploy_checks_and_fab.py ~6 min, each with test hosts of its own) go first, one to each worker, and
+# Whole files to a worker, in collection order: the two deploy files (the longest: test_deploy.py ~19 min,
+# test_deploy_checks_and_fab.py ~8 min, each with test hosts of its own) go first, one to each worker, and
 # the other files to whichever worker frees first.
 test: setup lint  ## lint + every test that runs without a GPU (pytest exit 5, nothing collected, fails)
 	@ls $(TEST_SNAPSHOTS)/sglang-ddtree-*.tar.gz >/dev/null 2>&1 || { echo "no DDTree snapshots \
