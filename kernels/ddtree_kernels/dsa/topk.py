@@ -11,18 +11,19 @@ whatever the logits' scale. Passes over a token's row:
 2. `dsa_topk_collect_kernel`, the same grid: each walks the histogram to the boundary bucket B (the one holding the
    k-th key) and reads its share of the row once, writing the slot of every key above B into the selection and
    appending each key of B (its sort key and slot) to the token's candidate buffer, `CANDIDATES` entries, and
-   counting B's keys by their next 6 sort-key bits (a 64-bin sub-histogram, `State[t, 258:]`). Where B holds
+   counting B's keys by their next 6 sort-key bits (a 64-bin sub-histogram, `State[t, 261:325]`). Where B holds
    exactly the keys still needed it is written whole, and a take-all token writes all its visible keys here;
-3. `dsa_topk_resolve_kernel`, one program a token: the sub-histogram gives the boundary's next digit; one pass over
-   the buffer writes the candidates above it and compacts those of it (about 1/64 of B) to the buffer's front; a
-   radix select among those over the bits still open (rounds of 8) then picks the last keys. It sets the count.
+3. `dsa_topk_resolve_kernel`, up to `resolve_splits` programs a token: the sub-histogram gives the boundary's next
+   digit; each program writes its share of the buffer's candidates above that digit and appends those of it (about
+   1/64 of B) to the buffer's second half; the last of the token's programs to finish radix-selects among those over
+   the bits still open (rounds of 8). The first program sets the count.
 
 The bound: B holds the k-th key and every key tied with it in its bucket. The histogram says how many (`in_bin`)
 before anything is appended, so overflow is known, not detected: where B holds more than `CANDIDATES` keys the
-collect pass appends nothing and the resolve program runs a radix select over the token's whole row (keys of B
-only, rounds of 8 bits), a single program's slow but exact fallback (many near-equal logits, or logits outside
-2^+-32). No entry is ever written past the buffer, and no key of B is ever dropped (sglang #36807 was a top-k that
-kept appending past its buffer and returned the wrong set).
+collect pass appends nothing and the token's first resolve program runs a radix select over the token's whole row
+(keys of B only, rounds of 8 bits), a single program's slow but exact fallback (many near-equal logits, or logits
+outside 2^+-32). No entry is ever written past the buffer, and no key of B is ever dropped (sglang #36807 was a
+top-k that kept appending past its buffer and returned the wrong set).
 
 Launches: the state is zeroed (a memset), then the three passes. Fixed grids, no host sync: CUDA-graph safe. Ties at
 the threshold are taken in no fixed order (reference.py says why that does not matter). Invisible keys hold -inf
@@ -128,7 +129,7 @@ def dsa_topk_collect_kernel(
     TOPK: tl.constexpr, CANDIDATES: tl.constexpr, N_MAX: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Keys above the boundary bucket (or every visible key of a take-all token) into Sel; the bucket's into the
-    candidate buffer where they fit it."""
+    candidate buffer where they fit it, counted by their next SUB_BITS bits into the token's sub-histogram."""
     i = tl.program_id(0)
     split = tl.program_id(1)
     req = tl.program_id(2)
