@@ -290,7 +290,7 @@ def dsa_topk_resolve_kernel(
     cand_slot = CandSlot + token.to(tl.int64) * stride_ct
     sel = Sel + token.to(tl.int64) * stride_selt
     if resolving & (in_bin <= CANDIDATES):
-        shift = known - SUB_BITS
+        shift = sub_shift(b_top)
         digit, higher, in_digit = threshold_bin(tl.load(state + _SUB + tl.arange(0, SUB_BINS)), k_left)
         digit = tl.maximum(digit, 0)
         chunk = tl.cdiv(tl.cdiv(in_bin, splits), BLOCK) * BLOCK
